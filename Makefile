@@ -1,0 +1,41 @@
+# pgfleet developer commands. `make help` lists them.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+BENCH_DSN ?= $(or $(PGFLEET_BENCH_DSN),postgresql://postgres@127.0.0.1:5432/postgres)
+BENCH_ARGS ?=
+
+.PHONY: help venv test lint format bench fleet clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev,service,embedded,loadtest]'
+	touch $@
+
+venv: $(VENV)/.installed ## create .venv with everything the tests need
+
+test: venv ## run the test suite against a real PostgreSQL (see README: finding Postgres)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: venv ## ruff (lint + format check) and mypy --strict on pgfleet/
+	$(VENV)/bin/ruff check pgfleet tests
+	$(VENV)/bin/ruff format --check pgfleet tests
+	$(VENV)/bin/mypy pgfleet
+
+format: venv ## apply ruff's formatting and safe fixes
+	$(VENV)/bin/ruff format pgfleet tests
+	$(VENV)/bin/ruff check --fix pgfleet tests
+
+bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
+	mkdir -p bench-results
+	$(VENV)/bin/pgfleet bench --dsn '$(BENCH_DSN)' --json bench-results/latest.json $(BENCH_ARGS)
+
+fleet: venv ## run the fleet natively (coming with the fleet issue)
+	@echo "make fleet is coming: the native fleet (workers, API, Prometheus) lands with the fleet issue."
+
+clean: ## remove the virtualenv and caches
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results

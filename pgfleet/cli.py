@@ -1,0 +1,92 @@
+"""The ``pgfleet`` command line.
+
+Subcommands that need the service extras import them only when they run, so
+``pgfleet migrate`` works with the library alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pgfleet.errors import PgfleetError
+
+
+def _dsn(args: argparse.Namespace) -> str:
+    dsn = args.dsn or os.environ.get("PGFLEET_DATABASE_URL")
+    if not dsn:
+        raise SystemExit(
+            "pgfleet: no database given: pass --dsn or set PGFLEET_DATABASE_URL "
+            "(for example postgresql://user@host:5432/dbname)"
+        )
+    return str(dsn)
+
+
+def _add_dsn(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dsn",
+        help="PostgreSQL connection string (default: $PGFLEET_DATABASE_URL)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pgfleet", description="Durable PostgreSQL-backed background jobs."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    migrate = sub.add_parser("migrate", help="create or upgrade the pgfleet schema")
+    _add_dsn(migrate)
+    migrate.add_argument(
+        "--print-sql",
+        action="store_true",
+        help="print the ordered migration SQL instead of applying it (for your own tool)",
+    )
+    bench = sub.add_parser("bench", help="measure throughput and latency against raw SQL")
+    _add_dsn(bench)
+    from pgfleet.bench import add_arguments
+
+    add_arguments(bench)
+    return parser
+
+
+async def _migrate(dsn: str) -> list[int]:
+    import asyncpg
+
+    from pgfleet.db.migrate import migrate
+
+    conn = await _connect(asyncpg, dsn)
+    try:
+        return await migrate(conn)
+    finally:
+        await conn.close()
+
+
+async def _connect(asyncpg: Any, dsn: str) -> Any:
+    try:
+        return await asyncpg.connect(dsn, timeout=10)
+    except (TimeoutError, OSError, asyncpg.PostgresError, ValueError) as exc:
+        raise SystemExit(f"pgfleet: cannot connect to the database: {exc}") from None
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "migrate":
+            if args.print_sql:
+                from pgfleet.db.migrate import migration_script
+
+                sys.stdout.write(migration_script())
+                return
+            applied = asyncio.run(_migrate(_dsn(args)))
+            print(f"applied migrations {applied}" if applied else "pgfleet schema is up to date")
+        elif args.command == "bench":
+            from pgfleet import bench
+
+            args.dsn = _dsn(args)
+            bench.main(args)
+    except PgfleetError as exc:
+        raise SystemExit(f"pgfleet: {exc}") from None

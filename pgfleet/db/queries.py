@@ -1,0 +1,100 @@
+"""Loads ``queries.sql`` once at import: every runtime query, by name, with its shape.
+
+The names are declared on :class:`Queries` so that a typo is a type error, and the
+loader refuses to import when the file and the declarations disagree.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import resources
+from typing import Literal
+
+Shape = Literal[":one", ":many", ":val", ":exec"]
+
+_HEADER = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s+(:one|:many|:val|:exec)\s*$")
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    name: str
+    shape: Shape
+    sql: str
+
+
+def parse(text: str) -> dict[str, Query]:
+    """Split a file of ``-- name: x :shape`` blocks into queries."""
+    found: dict[str, Query] = {}
+    name: str | None = None
+    shape: Shape = ":exec"
+    lines: list[str] = []
+
+    def flush() -> None:
+        if name is None:
+            return
+        sql = "\n".join(lines).strip().rstrip(";").strip()
+        if not sql:
+            raise ValueError(f"query {name!r} in queries.sql is empty")
+        found[name] = Query(name, shape, sql)
+
+    for line in text.splitlines():
+        match = _HEADER.match(line.strip())
+        if match:
+            flush()
+            name = match.group(1)
+            if name in found:
+                raise ValueError(f"query {name!r} is defined twice in queries.sql")
+            shape = match.group(2)  # type: ignore[assignment]
+            lines = []
+        elif name is not None:
+            lines.append(line)
+    flush()
+    return found
+
+
+class Queries:
+    """Attribute access to the loaded queries; one attribute per named block."""
+
+    job_insert: Query
+    job_insert_notify: Query
+    job_insert_many_plain: Query
+    job_insert_many: Query
+    job_insert_keyed_dedupe: Query
+    job_insert_keyed_replace: Query
+    job_insert_keyed_preserve_run_at: Query
+    job_ids_by_active_key: Query
+    notify_jobs: Query
+    job_get: Query
+    job_status_get: Query
+    job_list_recent: Query
+    job_count_by_status: Query
+    job_count_queued: Query
+    job_cancel: Query
+    job_retry: Query
+    job_reschedule: Query
+    job_permanently_fail: Query
+    job_complete: Query
+    job_prune_finished: Query
+    worker_list: Query
+    worker_force_unlock: Query
+
+    def __init__(self, loaded: dict[str, Query]) -> None:
+        declared = set(type(self).__annotations__)
+        missing = declared - loaded.keys()
+        extra = loaded.keys() - declared
+        if missing or extra:
+            raise ImportError(
+                f"queries.sql and Queries disagree: missing {sorted(missing)}, "
+                f"undeclared {sorted(extra)}"
+            )
+        for key, query in loaded.items():
+            setattr(self, key, query)
+
+
+def _load() -> Queries:
+    text = resources.files("pgfleet.db").joinpath("queries.sql").read_text("utf-8")
+    return Queries(parse(text))
+
+
+Q = _load()

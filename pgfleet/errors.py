@@ -1,0 +1,87 @@
+"""The exceptions pgfleet raises. Driver errors are mapped to these at the SQL boundary."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class PgfleetError(Exception):
+    """Base class of every error pgfleet raises itself."""
+
+
+class ValidationError(PgfleetError, ValueError):
+    """Bad input: an invalid name, option or payload. Nothing was written."""
+
+
+class InvalidName(ValidationError):
+    """A job, queue or cron name that is not 1-128 of letters, digits and ``_ - . :``."""
+
+
+class InvalidOptions(ValidationError):
+    """An enqueue or worker option out of its allowed range."""
+
+
+class PayloadError(ValidationError):
+    """A payload that cannot be encoded as JSON."""
+
+
+class PayloadTooLarge(PayloadError):
+    """An encoded payload larger than the queue's ``max_payload_bytes``."""
+
+
+class UnknownJobName(ValidationError):
+    """Enqueue of a name with no registered handler, in strict mode."""
+
+
+class DuplicateJobKey(PgfleetError, ValueError):
+    """The same job_key twice in one batch, or a key held by another active job."""
+
+    def __init__(self, message: str, job_key: str) -> None:
+        super().__init__(message)
+        self.job_key = job_key
+
+
+class JobNotFound(PgfleetError, LookupError):
+    """No job with that id."""
+
+    def __init__(self, job_id: Any) -> None:
+        super().__init__(f"no job with id {job_id}")
+        self.job_id = job_id
+
+
+class InvalidJobState(PgfleetError):
+    """A management operation the job's current status does not allow."""
+
+    def __init__(self, job_id: Any, operation: str, status: str, allowed: tuple[str, ...]):
+        super().__init__(
+            f"cannot {operation} job {job_id}: it is {status}, and {operation} "
+            f"applies only to {' or '.join(allowed)} jobs"
+        )
+        self.job_id = job_id
+        self.operation = operation
+        self.status = status
+        self.allowed = allowed
+
+
+class MigrationError(PgfleetError):
+    """A migration could not be applied, or an applied one was edited since."""
+
+
+class SchemaNotReady(PgfleetError):
+    """The pgfleet schema is missing or older than this version needs."""
+
+
+class DatabaseUnavailable(PgfleetError, ConnectionError):
+    """Postgres could not be reached; the operation did not happen."""
+
+
+class PermanentError(Exception):
+    """Raise from a handler to fail the job at once, without further retries."""
+
+
+class PayloadDecodeError(PermanentError):
+    """A stored payload does not decode into the handler's annotated type."""
+
+
+class JobTimeout(Exception):
+    """A handler ran longer than its timeout (a failed, retryable attempt)."""

@@ -1,0 +1,220 @@
+"""Value types of the public API. No I/O here."""
+
+from __future__ import annotations
+
+import enum
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from pgfleet.errors import InvalidName, InvalidOptions
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
+MAX_JOB_KEY_LENGTH = 512
+MAX_ATTEMPTS_LIMIT = 1000
+PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
+#: Delays beyond this are refused as absurd (about 100 years).
+MAX_DELAY_SECONDS = 100 * 365.25 * 86400
+
+_valid_names: set[str] = set()
+
+
+def validate_name(value: object, what: str = "job name") -> str:
+    """Return ``value`` if it is a valid job/queue/cron name, else raise InvalidName."""
+    if not isinstance(value, str):
+        raise InvalidName(f"{what} must be a string, got {type(value).__name__}")
+    if value in _valid_names:
+        return value
+    if NAME_PATTERN.fullmatch(value) is None:
+        shown = value if len(value) <= 40 else value[:40] + "…"
+        raise InvalidName(
+            f"invalid {what} {shown!r}: use 1-128 letters, digits, '_', '-', '.' or ':'"
+        )
+    if len(_valid_names) < 10_000:
+        _valid_names.add(value)
+    return value
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life. ``failed`` is the dead state: kept for a person."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
+
+    @classmethod
+    def parse(cls, value: object) -> JobStatus:
+        """Accept a JobStatus or its string value; anything else is a clear error."""
+        if isinstance(value, JobStatus):
+            return value
+        try:
+            if not isinstance(value, str):
+                raise ValueError(value)
+            return cls(value)
+        except ValueError:
+            allowed = ", ".join(s.value for s in cls)
+            raise InvalidOptions(
+                f"unknown job status {value!r}: expected one of {allowed}"
+            ) from None
+
+
+class JobKeyMode(enum.StrEnum):
+    """What an enqueue does when its job_key is held by a queued or running job.
+
+    A running job is never modified by any mode.
+    """
+
+    #: Keep the existing job unchanged and return its id.
+    DEDUPE = "dedupe"
+    #: Overwrite the queued job, run_at included: the timer restarts (debounce).
+    REPLACE = "replace"
+    #: Overwrite the queued job's payload and options but keep its run_at.
+    PRESERVE_RUN_AT = "preserve_run_at"
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueOptions:
+    """How and when a job runs. Every field is checked at construction."""
+
+    run_at: datetime | None = None
+    delay: timedelta | float | None = None
+    priority: int = 0
+    max_attempts: int | None = None
+    queue_name: str | None = None
+    job_key: str | None = None
+    job_key_mode: JobKeyMode = JobKeyMode.DEDUPE
+
+    def __post_init__(self) -> None:
+        if self.run_at is not None:
+            if not isinstance(self.run_at, datetime):
+                raise InvalidOptions(f"run_at must be a datetime, got {type(self.run_at).__name__}")
+            if self.run_at.tzinfo is None or self.run_at.utcoffset() is None:
+                raise InvalidOptions(
+                    "run_at must be timezone-aware (a naive datetime is ambiguous); "
+                    "use datetime.now(timezone.utc) or attach a tzinfo"
+                )
+            if self.delay is not None:
+                raise InvalidOptions("give run_at or delay, not both")
+        if self.delay is not None:
+            seconds = self.delay_seconds
+            if not math.isfinite(seconds) or seconds < 0 or seconds > MAX_DELAY_SECONDS:
+                raise InvalidOptions(f"delay must be between 0 and 100 years, got {self.delay!r}")
+        if not _is_int(self.priority) or not PRIORITY_MIN <= self.priority <= PRIORITY_MAX:
+            raise InvalidOptions(
+                f"priority must be an integer in [{PRIORITY_MIN}, {PRIORITY_MAX}], "
+                f"got {self.priority!r}"
+            )
+        if self.max_attempts is not None and (
+            not _is_int(self.max_attempts) or not 1 <= self.max_attempts <= MAX_ATTEMPTS_LIMIT
+        ):
+            raise InvalidOptions(
+                f"max_attempts must be an integer from 1 to {MAX_ATTEMPTS_LIMIT} (it counts "
+                f"the first attempt), got {self.max_attempts!r}"
+            )
+        if self.queue_name is not None:
+            validate_name(self.queue_name, "queue name")
+        if self.job_key is not None:
+            key = self.job_key
+            if not isinstance(key, str) or not 1 <= len(key) <= MAX_JOB_KEY_LENGTH:
+                raise InvalidOptions(
+                    f"job_key must be a string of 1 to {MAX_JOB_KEY_LENGTH} characters"
+                )
+            if "\x00" in key:
+                raise InvalidOptions("job_key must not contain NUL characters")
+        if not isinstance(self.job_key_mode, JobKeyMode):
+            try:
+                object.__setattr__(self, "job_key_mode", JobKeyMode(self.job_key_mode))
+            except ValueError:
+                allowed = ", ".join(m.value for m in JobKeyMode)
+                raise InvalidOptions(
+                    f"unknown job_key_mode {self.job_key_mode!r}: expected one of {allowed}"
+                ) from None
+
+    @property
+    def delay_seconds(self) -> float:
+        delay = self.delay
+        if delay is None:
+            return 0.0
+        if isinstance(delay, timedelta):
+            return delay.total_seconds()
+        if isinstance(delay, bool) or not isinstance(delay, int | float):
+            raise InvalidOptions(
+                f"delay must be a timedelta or seconds, got {type(delay).__name__}"
+            )
+        return float(delay)
+
+    @property
+    def runs_now(self) -> bool:
+        """True unless the job is explicitly scheduled for later."""
+        return self.run_at is None and not self.delay_seconds
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+DEFAULT_OPTIONS = EnqueueOptions()
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueRequest:
+    """One job of a batch for :meth:`pgfleet.Queue.enqueue_many`."""
+
+    name: str
+    payload: Any = None
+    options: EnqueueOptions = DEFAULT_OPTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A job as stored: what handlers receive and what :meth:`Queue.get` returns."""
+
+    id: UUID
+    name: str
+    payload: Any
+    status: JobStatus
+    attempt: int
+    max_attempts: int
+    priority: int
+    queue_name: str | None
+    job_key: str | None
+    run_at: datetime
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    worker_id: UUID | None
+    #: The token of the claim this copy was read under (internal: guards completion).
+    lock_token: UUID | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def is_last_attempt(self) -> bool:
+        return self.attempt >= self.max_attempts
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerInfo:
+    """A registered worker process as :meth:`Queue.workers` lists it."""
+
+    id: UUID
+    hostname: str
+    pid: int
+    concurrency: int
+    job_names: tuple[str, ...]
+    queue_names: tuple[str, ...] | None
+    version: str
+    started_at: datetime
+    heartbeat_at: datetime
+    expires_at: datetime
+    alive: bool
+    running_jobs: int
+    is_leader: bool

@@ -1,0 +1,583 @@
+"""The producer side: enqueue jobs and manage them."""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+from collections.abc import Callable, Collection, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+from pgfleet import _ids
+from pgfleet.db import Q
+from pgfleet.db.boundary import job_from_record, translate_errors, worker_from_record
+from pgfleet.errors import (
+    DuplicateJobKey,
+    InvalidJobState,
+    InvalidOptions,
+    JobNotFound,
+    PgfleetError,
+    UnknownJobName,
+)
+from pgfleet.jobs import (
+    DEFAULT_OPTIONS,
+    EnqueueOptions,
+    EnqueueRequest,
+    Job,
+    JobKeyMode,
+    JobStatus,
+    WorkerInfo,
+    _valid_names,
+    validate_name,
+)
+from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, encode_payload_array
+
+log = logging.getLogger("pgfleet")
+
+DEFAULT_MAX_ATTEMPTS = 25
+
+_KEYED_QUERY = {
+    JobKeyMode.DEDUPE: Q.job_insert_keyed_dedupe,
+    JobKeyMode.REPLACE: Q.job_insert_keyed_replace,
+    JobKeyMode.PRESERVE_RUN_AT: Q.job_insert_keyed_preserve_run_at,
+}
+# Rounds of insert-then-look-up before giving up on a job key whose holder keeps
+# finishing between the two statements.
+_KEY_RESOLVE_ROUNDS = 8
+
+
+class NotifyMode(enum.StrEnum):
+    """How enqueues wake workers. Notifications only affect latency, never whether
+    a job runs: every idle worker also polls."""
+
+    #: Default. An enqueue on the queue's own pool commits without a notification;
+    #: one coalesced NOTIFY per burst follows from a separate statement, so
+    #: producers never queue on Postgres' commit-time notification lock. An enqueue
+    #: inside the caller's transaction notifies within that transaction.
+    COALESCED = "coalesced"
+    #: Every enqueue transaction carries its own NOTIFY (at most one per transaction).
+    TRANSACTION = "transaction"
+    #: No notifications: workers find jobs by polling.
+    OFF = "off"
+
+
+class _Waker:
+    """Coalesces post-commit wakeups: at most one NOTIFY in flight per queue, and
+    one more after it when anything committed while it was in flight."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self._pending = False
+        self._task: asyncio.Task[None] | None = None
+        self.sent = 0
+
+    def request(self) -> None:
+        self._pending = True
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        while self._pending:
+            self._pending = False
+            try:
+                await self._pool.execute(Q.notify_jobs.sql)
+                self.sent += 1
+            except Exception as exc:  # polling still finds the jobs
+                log.debug("wakeup notification failed: %s", exc)
+                return
+
+    async def flush(self) -> None:
+        task = self._task
+        if task is not None:
+            await asyncio.shield(task)
+
+
+class Queue:
+    """Enqueue jobs into Postgres and manage them.
+
+    ``pool`` is the application's asyncpg pool. ``known_names`` turns on strict
+    mode: enqueueing a name outside it (a Registry or a collection of names) raises
+    :class:`UnknownJobName`.
+    """
+
+    def __init__(
+        self,
+        pool: Any,
+        *,
+        notify: NotifyMode | str = NotifyMode.COALESCED,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        known_names: Any = None,
+    ) -> None:
+        try:
+            self.notify_mode = NotifyMode(notify)
+        except ValueError:
+            allowed = ", ".join(m.value for m in NotifyMode)
+            raise InvalidOptions(
+                f"unknown notify mode {notify!r}: expected one of {allowed}"
+            ) from None
+        if not isinstance(max_payload_bytes, int) or max_payload_bytes < 2:
+            raise InvalidOptions(
+                f"max_payload_bytes must be a positive integer, got {max_payload_bytes!r}"
+            )
+        EnqueueOptions(max_attempts=default_max_attempts)  # validates the range
+        self._pool = pool
+        self._max_payload_bytes = max_payload_bytes
+        self._default_max_attempts = default_max_attempts
+        self._known = known_names
+        self._waker = _Waker(pool)
+        #: Called with (name, count) after jobs commit through this queue (metrics hook).
+        self.on_enqueued: Callable[[str, int], None] | None = None
+
+    @property
+    def pool(self) -> Any:
+        return self._pool
+
+    # ------------------------------------------------------------ enqueue
+
+    async def enqueue(
+        self,
+        name: str,
+        payload: Any = None,
+        *,
+        options: EnqueueOptions | None = None,
+        connection: Any = None,
+    ) -> UUID:
+        """Enqueue one job and return its id (an existing job's id when its job_key
+        deduplicates). With ``connection``, the job commits or rolls back with the
+        caller's transaction."""
+        opts = DEFAULT_OPTIONS if options is None else options
+        if not isinstance(opts, EnqueueOptions):
+            raise InvalidOptions(f"options must be EnqueueOptions, got {type(opts).__name__}")
+        if opts.job_key is not None:
+            ids = await self.enqueue_many(
+                [EnqueueRequest(name, payload, opts)], connection=connection
+            )
+            return ids[0]
+        self._check_name(name)
+        text = encode_payload(payload, self._max_payload_bytes)
+        job_id = _ids.uuid7()
+        args = (
+            job_id,
+            name,
+            text,
+            opts.priority,
+            opts.max_attempts or self._default_max_attempts,
+            opts.queue_name,
+            opts.run_at,
+            opts.delay_seconds,
+        )
+        wake_in_tx, wake_after = self._wake_plan(connection, opts.runs_now)
+        query = Q.job_insert_notify if wake_in_tx else Q.job_insert
+        with translate_errors("enqueue"):
+            if connection is None:
+                await self._pool.execute(query.sql, *args)
+            else:
+                await connection.execute(query.sql, *args)
+        if wake_after:
+            self._waker.request()
+        if self.on_enqueued is not None:
+            self.on_enqueued(name, 1)
+        return job_id
+
+    async def enqueue_many(
+        self, requests: Iterable[EnqueueRequest], *, connection: Any = None
+    ) -> list[UUID]:
+        """Enqueue a batch atomically and return the ids in request order.
+
+        One statement per job-key mode in one transaction (a savepoint inside the
+        caller's transaction). A job_key repeated within the batch raises
+        :class:`DuplicateJobKey` and nothing is inserted.
+        """
+        batch = _Batch(self, requests)
+        if not batch.size:
+            return []
+        wake_in_tx, wake_after = self._wake_plan(connection, batch.any_runs_now)
+        with translate_errors("enqueue_many"):
+            if connection is None:
+                async with self._pool.acquire() as conn:
+                    await batch.write(conn, wake_in_tx)
+            else:
+                await batch.write(connection, wake_in_tx)
+        if wake_after:
+            self._waker.request()
+        if self.on_enqueued is not None:
+            for name, count in batch.names().items():
+                self.on_enqueued(name, count)
+        return batch.ids
+
+    def _check_name(self, name: str) -> None:
+        if name.__class__ is not str or name not in _valid_names:
+            validate_name(name)
+        known = self._known
+        if known is not None and name not in _names_of(known):
+            raise UnknownJobName(f"no handler is registered for job name {name!r} (strict mode)")
+
+    def _wake_plan(self, connection: Any, runs_now: bool) -> tuple[bool, bool]:
+        """(notify inside the transaction, request a coalesced wakeup after)."""
+        mode = self.notify_mode
+        if mode is NotifyMode.OFF or not runs_now:
+            return False, False
+        if mode is NotifyMode.TRANSACTION:
+            return True, False
+        if connection is not None and connection.is_in_transaction():
+            return True, False
+        return False, True
+
+    async def flush_notifications(self) -> None:
+        """Wait until the coalesced wakeup requested so far has been sent."""
+        await self._waker.flush()
+
+    # ------------------------------------------------------------ reading
+
+    async def get(self, job_id: UUID | str) -> Job | None:
+        """The job with that id, or None."""
+        uid = _as_uuid(job_id)
+        if uid is None:
+            return None
+        with translate_errors("get"):
+            row = await self._pool.fetchrow(Q.job_get.sql, uid)
+        return None if row is None else job_from_record(row)
+
+    async def recent(
+        self,
+        limit: int = 50,
+        *,
+        status: JobStatus | str | None = None,
+        name: str | None = None,
+    ) -> list[Job]:
+        """The most recently created jobs, newest first, optionally filtered."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise InvalidOptions(f"limit must be an integer from 1 to 10000, got {limit!r}")
+        st = None if status is None else JobStatus.parse(status).value
+        if name is not None:
+            validate_name(name)
+        with translate_errors("recent"):
+            rows = await self._pool.fetch(Q.job_list_recent.sql, st, name, limit)
+        return [job_from_record(r) for r in rows]
+
+    async def counts(self) -> dict[JobStatus, int]:
+        """Exact job totals by status (every status present, zeros included).
+
+        Scans all retained jobs: do not call it at high frequency on large tables.
+        """
+        with translate_errors("counts"):
+            rows = await self._pool.fetch(Q.job_count_by_status.sql)
+        out = dict.fromkeys(JobStatus, 0)
+        for r in rows:
+            out[JobStatus(r["status"])] = r["n"]
+        return out
+
+    async def runnable_backlog(self, name: str | None = None) -> int:
+        """Jobs due now and waiting for a worker, of one name or all."""
+        if name is not None:
+            validate_name(name)
+        with translate_errors("runnable_backlog"):
+            return int(await self._pool.fetchval(Q.job_count_queued.sql, name))
+
+    async def workers(self) -> list[WorkerInfo]:
+        """Registered workers, stale registrations not yet recovered included."""
+        with translate_errors("workers"):
+            rows = await self._pool.fetch(Q.worker_list.sql)
+        return [worker_from_record(r) for r in rows]
+
+    # ------------------------------------------------------------ management
+
+    async def cancel(self, job_id: UUID | str) -> Job:
+        """Cancel a queued job. A running job is not interrupted: refused with
+        :class:`InvalidJobState`, as are finished jobs."""
+        return await self._transition(job_id, "cancel", Q.job_cancel.sql, ("queued",))
+
+    async def retry(self, job_id: UUID | str) -> Job:
+        """Run a failed or cancelled job again now, with fresh attempts."""
+        job = await self._transition(job_id, "retry", Q.job_retry.sql, ("failed", "cancelled"))
+        self._wake()
+        return job
+
+    async def reschedule(
+        self,
+        job_id: UUID | str,
+        *,
+        run_at: datetime | None = None,
+        delay: timedelta | float | None = None,
+    ) -> Job:
+        """Move a queued job to a new run_at (or now + delay; now when neither)."""
+        opts = EnqueueOptions(run_at=run_at, delay=delay)
+        uid = self._require_uuid(job_id)
+        with translate_errors("reschedule"):
+            row = await self._pool.fetchrow(
+                Q.job_reschedule.sql, uid, opts.run_at, opts.delay_seconds
+            )
+        if row is None:
+            raise await self._refusal(uid, "reschedule", ("queued",))
+        if row["due"]:
+            self._wake()
+        return job_from_record(row)
+
+    async def permanently_fail(self, job_id: UUID | str, reason: str = "failed by operator") -> Job:
+        """Fail a queued or running job for good. A running handler is not
+        interrupted, but its lock is released and its outcome discarded."""
+        if not isinstance(reason, str) or not reason:
+            raise InvalidOptions("reason must be a non-empty string")
+        job = await self._transition(
+            job_id, "permanently_fail", Q.job_permanently_fail.sql, ("queued", "running"), reason
+        )
+        if job.queue_name is not None:
+            self._wake()
+        return job
+
+    async def complete(self, job_id: UUID | str) -> Job:
+        """Retire a queued or running job as succeeded. A running handler is not
+        interrupted, but its lock is released and its outcome discarded."""
+        job = await self._transition(job_id, "complete", Q.job_complete.sql, ("queued", "running"))
+        if job.queue_name is not None:
+            self._wake()
+        return job
+
+    async def force_unlock_worker(self, worker_id: UUID | str) -> dict[str, int]:
+        """Requeue everything a gone worker holds and deregister it, at once.
+
+        Jobs out of attempts are failed instead. Calling this for a live worker can
+        make its in-flight jobs run a second time concurrently. Returns counts:
+        ``requeued``, ``failed`` and ``deregistered`` (1 if the worker was registered).
+        """
+        uid = self._require_uuid(worker_id, "worker")
+        with translate_errors("force_unlock_worker"):
+            row = await self._pool.fetchrow(Q.worker_force_unlock.sql, uid)
+        result = {
+            "requeued": int(row["requeued"]),
+            "failed": int(row["failed"]),
+            "deregistered": int(bool(row["deregistered"])),
+        }
+        if result["requeued"]:
+            self._wake()
+        log.info("force-unlocked worker %s: %s", uid, result)
+        return result
+
+    async def prune_finished(self, older_than: timedelta | float, *, batch_size: int = 1000) -> int:
+        """Delete succeeded, failed and cancelled jobs finished longer ago than
+        ``older_than``, in batches of ``batch_size``; return how many."""
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise InvalidOptions(f"older_than must be a non-negative duration, got {older_than!r}")
+        if not isinstance(batch_size, int) or not 1 <= batch_size <= 100_000:
+            raise InvalidOptions(f"batch_size must be from 1 to 100000, got {batch_size!r}")
+        total = 0
+        while True:
+            with translate_errors("prune_finished"):
+                n = int(
+                    await self._pool.fetchval(Q.job_prune_finished.sql, float(seconds), batch_size)
+                )
+            total += n
+            if n < batch_size:
+                return total
+
+    async def _transition(
+        self, job_id: UUID | str, operation: str, sql: str, allowed: tuple[str, ...], *extra: Any
+    ) -> Job:
+        uid = self._require_uuid(job_id)
+        with translate_errors(operation):
+            row = await self._pool.fetchrow(sql, uid, *extra)
+        if row is None:
+            raise await self._refusal(uid, operation, allowed)
+        return job_from_record(row)
+
+    async def _refusal(self, uid: UUID, operation: str, allowed: tuple[str, ...]) -> PgfleetError:
+        with translate_errors(operation):
+            status = await self._pool.fetchval(Q.job_status_get.sql, uid)
+        if status is None:
+            return JobNotFound(uid)
+        return InvalidJobState(uid, operation, status, allowed)
+
+    def _require_uuid(self, value: UUID | str, what: str = "job") -> UUID:
+        uid = _as_uuid(value)
+        if uid is None:
+            if what == "job":
+                raise JobNotFound(value)
+            raise InvalidOptions(f"{what} id must be a UUID, got {value!r}")
+        return uid
+
+    def _wake(self) -> None:
+        if self.notify_mode is not NotifyMode.OFF:
+            self._waker.request()
+
+
+def _as_uuid(value: Any) -> UUID | None:
+    if isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _names_of(known: Any) -> Collection[str]:
+    names = getattr(known, "names", None)
+    if callable(names):
+        result: Collection[str] = names()
+        return result
+    return known  # type: ignore[no-any-return]
+
+
+class _Batch:
+    """A validated batch, split into one group per insert statement."""
+
+    __slots__ = (
+        "_full",
+        "_keyed",
+        "_plain",
+        "_plain_json",
+        "_queue",
+        "_requests",
+        "any_runs_now",
+        "ids",
+        "size",
+    )
+
+    def __init__(self, queue: Queue, requests: Iterable[EnqueueRequest]) -> None:
+        self._queue = queue
+        self._requests: Sequence[EnqueueRequest] = (
+            requests if isinstance(requests, list | tuple) else list(requests)
+        )
+        self.size = len(self._requests)
+        self.ids = _ids.uuid7_batch(self.size)
+        self.any_runs_now = False
+        self._plain: tuple[list[UUID], list[str], list[Any]] = ([], [], [])
+        self._full: list[tuple[Any, ...]] = []
+        self._keyed: dict[JobKeyMode, list[tuple[Any, ...]]] = {}
+        self._plain_json = ""
+        self._split()
+
+    def _split(self) -> None:
+        queue = self._queue
+        check_name = queue._check_name
+        limit = queue._max_payload_bytes
+        default_attempts = queue._default_max_attempts
+        plain_ids, plain_names, plain_payloads = self._plain
+        seen_keys: set[str] = set()
+        for index, (req, job_id) in enumerate(zip(self._requests, self.ids, strict=False)):
+            if req.__class__ is not EnqueueRequest:
+                raise InvalidOptions(
+                    f"enqueue_many takes EnqueueRequest items; item {index} is {type(req).__name__}"
+                )
+            name = req.name
+            check_name(name)
+            opts = req.options
+            if opts is DEFAULT_OPTIONS:
+                self.any_runs_now = True
+                plain_ids.append(job_id)
+                plain_names.append(name)
+                plain_payloads.append(req.payload)  # encoded together below
+                continue
+            text = encode_payload(req.payload, limit)
+            if not isinstance(opts, EnqueueOptions):
+                raise InvalidOptions(f"item {index}: options must be EnqueueOptions")
+            self.any_runs_now = self.any_runs_now or opts.runs_now
+            row = (
+                job_id,
+                name,
+                text,
+                opts.priority,
+                opts.max_attempts or default_attempts,
+                opts.queue_name,
+                opts.job_key,
+                opts.run_at,
+                opts.delay_seconds,
+            )
+            key = opts.job_key
+            if key is None:
+                self._full.append(row)
+                continue
+            if key in seen_keys:
+                raise DuplicateJobKey(
+                    f"job_key {key!r} appears more than once in one batch; nothing was enqueued",
+                    key,
+                )
+            seen_keys.add(key)
+            self._keyed.setdefault(opts.job_key_mode, []).append(row)
+        if plain_payloads:
+            self._plain_json = encode_payload_array(plain_payloads, limit)
+
+    def names(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for req in self._requests:
+            counts[req.name] = counts.get(req.name, 0) + 1
+        return counts
+
+    async def write(self, conn: Any, notify: bool) -> None:
+        statements = bool(self._plain[0]) + bool(self._full) + len(self._keyed) + notify
+        if statements == 1 and not self._keyed:
+            await self._write_unkeyed(conn)
+            return
+        async with conn.transaction():
+            await self._write_unkeyed(conn)
+            for mode, rows in self._keyed.items():
+                await self._write_keyed(conn, mode, rows)
+            if notify:
+                await conn.execute(Q.notify_jobs.sql)
+
+    async def _write_unkeyed(self, conn: Any) -> None:
+        plain_ids, plain_names, _ = self._plain
+        if plain_ids:
+            await conn.execute(
+                Q.job_insert_many_plain.sql,
+                plain_ids,
+                plain_names,
+                self._plain_json,
+                self._queue._default_max_attempts,
+            )
+        if self._full:
+            cols = list(zip(*self._full, strict=False))
+            del cols[6]  # no job_key column in the unkeyed insert
+            await conn.execute(Q.job_insert_many.sql, *cols)
+
+    async def _write_keyed(self, conn: Any, mode: JobKeyMode, rows: list[tuple[Any, ...]]) -> None:
+        """Insert or resolve every keyed row; the batch id of each becomes the id
+        of the job that now holds its key."""
+        pending = rows
+        resolved: dict[str, UUID] = {}
+        for _ in range(_KEY_RESOLVE_ROUNDS):
+            cols = list(zip(*pending, strict=False))
+            returned = await conn.fetch(_KEYED_QUERY[mode].sql, *cols)
+            for r in returned:
+                resolved[r["job_key"]] = r["id"]
+            missing = [row for row in pending if row[6] not in resolved]
+            if missing:
+                keys = [row[6] for row in missing]
+                for r in await conn.fetch(Q.job_ids_by_active_key.sql, keys):
+                    resolved[r["job_key"]] = r["id"]
+                missing = [row for row in missing if row[6] not in resolved]
+            if not missing:
+                break
+            pending = missing  # their holders finished in between: insert again
+        else:
+            raise PgfleetError(
+                f"could not settle job keys {[row[6] for row in pending][:5]} after "
+                f"{_KEY_RESOLVE_ROUNDS} rounds of concurrent changes"
+            )
+        batch_index = {job_id: i for i, job_id in enumerate(self.ids)}
+        for row in rows:
+            self.ids[batch_index[row[0]]] = resolved[row[6]]
+
+
+async def _no_session_reset(connection: Any) -> None:
+    """Pool ``reset`` hook: asyncpg has already rolled back any open transaction."""
+
+
+async def create_pool(dsn: str | None = None, **kwargs: Any) -> Any:
+    """An asyncpg pool tuned for pgfleet; takes asyncpg.create_pool's arguments.
+
+    Connections go back to the pool without asyncpg's default session reset (one
+    extra round trip per release: ``UNLISTEN *; RESET ALL; …``), which pgfleet never
+    needs because it leaves no session state behind. An open transaction is still
+    rolled back. Use it for pools that serve pgfleet; keep a default pool for code
+    that changes session settings.
+    """
+    import asyncpg
+
+    kwargs.setdefault("reset", _no_session_reset)
+    return await asyncpg.create_pool(dsn, **kwargs)
