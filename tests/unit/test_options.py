@@ -1,0 +1,42 @@
+"""Value types: names, statuses, options."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from pgfleet import EnqueueOptions, InvalidName, InvalidOptions, JobStatus
+from pgfleet.jobs import validate_name
+
+
+@pytest.mark.parametrize("name", ["a", "send_email", "A.b-c:d_9", "x" * 128])
+def test_valid_names(name: str) -> None:
+    assert validate_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", " ", "a b", "é", "x" * 129, "a/b", "a\nb", "a;b"])
+def test_invalid_names(name: str) -> None:
+    with pytest.raises(InvalidName):
+        validate_name(name)
+
+
+def test_status_parse() -> None:
+    assert JobStatus.parse("failed") is JobStatus.FAILED
+    assert JobStatus.parse(JobStatus.QUEUED) is JobStatus.QUEUED
+    assert JobStatus.FAILED.finished
+    assert not JobStatus.RUNNING.finished
+    with pytest.raises(InvalidOptions, match="unknown job status 'dead'"):
+        JobStatus.parse("dead")
+
+
+def test_runs_now() -> None:
+    assert EnqueueOptions().runs_now
+    assert EnqueueOptions(delay=0).runs_now
+    assert not EnqueueOptions(delay=1).runs_now
+    assert not EnqueueOptions(run_at=dt.datetime.now(dt.UTC)).runs_now
+
+
+def test_delay_accepts_timedelta_and_seconds() -> None:
+    assert EnqueueOptions(delay=dt.timedelta(minutes=2)).delay_seconds == 120
+    assert EnqueueOptions(delay=1.5).delay_seconds == 1.5

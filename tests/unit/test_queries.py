@@ -1,0 +1,54 @@
+"""The SQL layer's loader and the rule that nothing else writes SQL."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+from pgfleet.db import Q
+from pgfleet.db.queries import Queries, parse
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "pgfleet"
+
+
+def test_parse_splits_named_blocks_with_shapes() -> None:
+    loaded = parse("-- name: a_one :one\nSELECT 1;\n\n-- name: b_many :many\nSELECT 2\n")
+    assert {k: (q.shape, q.sql) for k, q in loaded.items()} == {
+        "a_one": (":one", "SELECT 1"),
+        "b_many": (":many", "SELECT 2"),
+    }
+
+
+def test_parse_refuses_duplicates_and_empty_blocks() -> None:
+    with pytest.raises(ValueError, match="defined twice"):
+        parse("-- name: a :one\nSELECT 1;\n-- name: a :one\nSELECT 2;")
+    with pytest.raises(ValueError, match="is empty"):
+        parse("-- name: a :one\n\n")
+
+
+def test_declarations_must_match_the_file() -> None:
+    with pytest.raises(ImportError, match="missing"):
+        Queries({})
+
+
+def test_every_query_is_loaded_and_used() -> None:
+    source = "\n".join(
+        p.read_text() for p in PACKAGE.rglob("*.py") if "db/queries.py" not in str(p)
+    )
+    for name in Queries.__annotations__:
+        assert getattr(Q, name).sql
+        assert f"Q.{name}" in source, f"query {name} is never used"
+
+
+def test_no_sql_outside_the_db_layer() -> None:
+    sql = re.compile(r"\b(SELECT|INSERT INTO|UPDATE\s+\w+\.\w+\s+SET|DELETE FROM)\b")
+    offenders = []
+    for path in PACKAGE.rglob("*.py"):
+        if "/db/" in str(path):
+            continue
+        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+            if sql.search(line) and not line.lstrip().startswith("#"):
+                offenders.append(f"{path.relative_to(PACKAGE)}:{lineno}: {line.strip()}")
+    assert offenders == []
