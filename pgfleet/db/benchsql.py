@@ -1,0 +1,61 @@
+"""SQL used only by ``pgfleet bench``: its scratch database and the raw-SQL reference
+queue it measures the library against (a minimal table, as a hand-written queue
+would have)."""
+
+from __future__ import annotations
+
+import re
+
+_IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _ident(name: str) -> str:
+    if not _IDENT.fullmatch(name):
+        raise ValueError(f"benchmark database name {name!r} must match {_IDENT.pattern}")
+    return f'"{name}"'
+
+
+def create_database(name: str) -> str:
+    return f"CREATE DATABASE {_ident(name)}"
+
+
+def drop_database(name: str) -> str:
+    return f"DROP DATABASE IF EXISTS {_ident(name)} WITH (FORCE)"
+
+
+RAW_SCHEMA = """
+CREATE SCHEMA IF NOT EXISTS bench_raw;
+CREATE TABLE IF NOT EXISTS bench_raw.jobs (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL,
+    payload jsonb NOT NULL,
+    status text NOT NULL DEFAULT 'queued',
+    priority int NOT NULL DEFAULT 0,
+    attempts int NOT NULL DEFAULT 0,
+    run_at timestamptz NOT NULL DEFAULT now(),
+    locked_at timestamptz,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    finished_at timestamptz
+);
+CREATE INDEX IF NOT EXISTS jobs_ready ON bench_raw.jobs (priority, run_at, id)
+    WHERE status = 'queued';
+"""
+
+RESET = (
+    "TRUNCATE bench_raw.jobs, pgfleet.jobs; DELETE FROM pgfleet.workers; DELETE FROM pgfleet.leader"
+)
+
+RAW_INSERT_ONE = "INSERT INTO bench_raw.jobs (kind, payload) VALUES ('noop', $1::jsonb)"
+RAW_INSERT_MANY = (
+    "INSERT INTO bench_raw.jobs (kind, payload) SELECT 'noop', p FROM unnest($1::jsonb[]) AS p"
+)
+RAW_CLAIM = """
+UPDATE bench_raw.jobs j SET status = 'running', attempts = attempts + 1, locked_at = now()
+FROM (SELECT id FROM bench_raw.jobs WHERE status = 'queued' AND run_at <= now()
+      ORDER BY priority, run_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) c
+WHERE j.id = c.id RETURNING j.id, j.payload
+"""
+RAW_COMPLETE = (
+    "UPDATE bench_raw.jobs SET status = 'succeeded', finished_at = now(), locked_at = NULL "
+    "WHERE id = ANY($1::bigint[])"
+)
