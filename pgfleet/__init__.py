@@ -3,6 +3,7 @@
 Delivery is at-least-once: make handlers idempotent (see the README).
 """
 
+from pgfleet.context import current_job, is_shutting_down, shutdown_requested, worker_started_at
 from pgfleet.db.migrate import Migration, migrate, migration_script, migrations
 from pgfleet.errors import (
     DatabaseUnavailable,
@@ -21,6 +22,7 @@ from pgfleet.errors import (
     UnknownJobName,
     ValidationError,
 )
+from pgfleet.events import WorkerEvents
 from pgfleet.jobs import (
     EnqueueOptions,
     EnqueueRequest,
@@ -30,6 +32,8 @@ from pgfleet.jobs import (
     WorkerInfo,
 )
 from pgfleet.queue import NotifyMode, Queue, create_pool
+from pgfleet.registry import Registry
+from pgfleet.worker import RunStats, Worker, WorkerConfig
 
 __version__ = "0.1.0"
 
@@ -54,13 +58,22 @@ __all__ = [
     "PermanentError",
     "PgfleetError",
     "Queue",
+    "Registry",
+    "RunStats",
     "SchemaNotReady",
     "UnknownJobName",
     "ValidationError",
+    "Worker",
+    "WorkerConfig",
+    "WorkerEvents",
     "WorkerInfo",
     "__version__",
     "create_pool",
+    "current_job",
+    "is_shutting_down",
     "migrate",
     "migration_script",
     "migrations",
+    "shutdown_requested",
+    "worker_started_at",
 ]

@@ -26,6 +26,24 @@ def _dsn(args: argparse.Namespace) -> str:
     return str(dsn)
 
 
+def check_dsn(dsn: str | None, command: str) -> None:
+    """Refuse a malformed connection string before anything starts."""
+    if not dsn:
+        return
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(dsn)
+        parts.port  # noqa: B018 - raises on a non-numeric port
+    except ValueError as exc:
+        raise SystemExit(f"pgfleet {command}: invalid database URL: {exc}") from None
+    if parts.scheme not in ("postgres", "postgresql"):
+        raise SystemExit(
+            f"pgfleet {command}: invalid database URL {dsn.split('@')[-1]!r}: it must start "
+            "with postgresql:// (for example postgresql://user@host:5432/dbname)"
+        )
+
+
 def _add_dsn(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dsn",
@@ -45,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="print the ordered migration SQL instead of applying it (for your own tool)",
     )
+    worker = sub.add_parser("worker", help="run worker processes for an application")
+    from pgfleet.service import worker_cmd
+
+    worker_cmd.add_arguments(worker)
     bench = sub.add_parser("bench", help="measure throughput and latency against raw SQL")
     _add_dsn(bench)
     from pgfleet.bench import add_arguments
@@ -83,6 +105,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 return
             applied = asyncio.run(_migrate(_dsn(args)))
             print(f"applied migrations {applied}" if applied else "pgfleet schema is up to date")
+        elif args.command == "worker":
+            from pgfleet.service import worker_cmd
+
+            check_dsn(args.dsn, "worker")
+            raise SystemExit(worker_cmd.main(args))
         elif args.command == "bench":
             from pgfleet import bench
 

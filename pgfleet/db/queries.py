@@ -78,6 +78,14 @@ class Queries:
     job_prune_finished: Query
     worker_list: Query
     worker_force_unlock: Query
+    job_complete_and_claim: Query
+    worker_heartbeat: Query
+    worker_deregister: Query
+    job_rescue: Query
+    ping: Query
+    claim_session_begin: Query
+    claim_session_end: Query
+    job_release_unknown: Query
 
     def __init__(self, loaded: dict[str, Query]) -> None:
         declared = set(type(self).__annotations__)

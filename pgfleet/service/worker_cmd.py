@@ -1,0 +1,260 @@
+"""``pgfleet worker``: run worker processes for an application's registry.
+
+Every option can also come from a ``PGFLEET_*`` environment variable (the flag
+wins). SIGTERM or SIGINT drains gracefully; a second one stops at once, requeueing
+what was still running.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+from pgfleet.errors import InvalidOptions, PgfleetError
+
+log = logging.getLogger("pgfleet")
+
+
+def env_default(name: str, fallback: Any = None) -> Any:
+    return os.environ.get(f"PGFLEET_{name}", fallback)
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dsn",
+        default=env_default("DATABASE_URL"),
+        help="PostgreSQL connection string [PGFLEET_DATABASE_URL]",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=env_default("LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+        help="log level [PGFLEET_LOG_LEVEL] (default info)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common(parser)
+    parser.add_argument(
+        "--app",
+        default=env_default("APP"),
+        help="the Registry to serve, as module:attribute [PGFLEET_APP]",
+    )
+    parser.add_argument(
+        "--crons",
+        default=env_default("CRONS"),
+        help="a list of CronJob, as module:attribute [PGFLEET_CRONS]",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=env_default("CONCURRENCY", 16),
+        help="handlers running at once per process [PGFLEET_CONCURRENCY] (default 16)",
+    )
+    parser.add_argument(
+        "--kinds",
+        default=env_default("KINDS"),
+        help="comma-separated job names to serve (default: all) [PGFLEET_KINDS]",
+    )
+    parser.add_argument(
+        "--queues",
+        default=env_default("QUEUES"),
+        help="comma-separated named queues to serve (default: all) [PGFLEET_QUEUES]",
+    )
+    for flag, env, default, text in (
+        ("--poll-interval", "POLL_INTERVAL", 2.0, "idle poll interval, seconds"),
+        ("--heartbeat-interval", "HEARTBEAT_INTERVAL", 5.0, "heartbeat interval, seconds"),
+        (
+            "--dead-worker-timeout",
+            "DEAD_WORKER_TIMEOUT",
+            30.0,
+            "seconds without heartbeat before a worker is dead",
+        ),
+        (
+            "--shutdown-grace-period",
+            "SHUTDOWN_GRACE_PERIOD",
+            30.0,
+            "seconds handlers get to finish at shutdown",
+        ),
+        ("--default-timeout", "DEFAULT_TIMEOUT", 600.0, "handler timeout, seconds (0: none)"),
+        ("--retention-days", "RETENTION_DAYS", 30.0, "days finished jobs are kept (0: forever)"),
+        ("--backoff-base", "BACKOFF_BASE", 1.0, "first retry delay, seconds"),
+        ("--backoff-cap", "BACKOFF_CAP", 3600.0, "longest retry delay, seconds"),
+        ("--cron-poll-interval", "CRON_POLL_INTERVAL", 5.0, "cron check interval, seconds"),
+    ):
+        parser.add_argument(
+            flag, type=float, default=env_default(env, default), help=f"{text} [PGFLEET_{env}]"
+        )
+    parser.add_argument(
+        "--pool-size",
+        type=int,
+        default=env_default("POOL_SIZE", 0),
+        help="database connections per process (default: concurrency + 4, at most 40)",
+    )
+    parser.add_argument(
+        "--no-listen",
+        action="store_true",
+        default=env_default("NO_LISTEN", "") not in ("", "0", "false"),
+        help="do not LISTEN for wakeups; poll only [PGFLEET_NO_LISTEN]",
+    )
+
+
+def _names(value: str | None) -> list[str] | None:
+    if not value:
+        return None
+    return [n.strip() for n in value.split(",") if n.strip()]
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from pgfleet.worker import WorkerConfig
+
+    def number(name: str) -> float:
+        value = getattr(args, name)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise InvalidOptions(
+                f"--{name.replace('_', '-')} must be a number, got {value!r}"
+            ) from None
+
+    try:
+        concurrency = int(args.concurrency)
+    except (TypeError, ValueError):
+        raise InvalidOptions(
+            f"--concurrency must be an integer, got {args.concurrency!r}"
+        ) from None
+    retention = number("retention_days")
+    timeout = number("default_timeout")
+    return WorkerConfig(
+        concurrency=concurrency,
+        poll_interval=number("poll_interval"),
+        job_names=_names(args.kinds),
+        queue_names=_names(args.queues),
+        shutdown_grace_period=number("shutdown_grace_period"),
+        heartbeat_interval=number("heartbeat_interval"),
+        dead_worker_timeout=number("dead_worker_timeout"),
+        finished_job_retention=retention * 86400 if retention > 0 else None,
+        default_timeout=timeout if timeout > 0 else None,
+        backoff_base=number("backoff_base"),
+        backoff_cap=number("backoff_cap"),
+        cron_poll_interval=number("cron_poll_interval"),
+        listen=not args.no_listen,
+    )
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s [pid %(process)d] %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def install_uvloop() -> str:
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return "uvloop"
+
+
+class Stopper:
+    """First SIGTERM/SIGINT: drain. Second: stop now."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.signals = 0
+        self.main: asyncio.Task[Any] | None = None
+
+    def install(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.main = asyncio.current_task()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            log.info("received %s: draining", sig.name)
+            self.event.set()
+        else:
+            log.warning("received %s again: stopping now, requeueing running jobs", sig.name)
+            if self.main is not None:
+                self.main.cancel()
+
+
+async def serve(args: argparse.Namespace, hooks: Any = None) -> int:
+    """Run one worker process until signalled. Returns the exit code."""
+    import pgfleet
+    from pgfleet.service.apps import load_crons, load_registry
+    from pgfleet.worker import Worker
+
+    config = build_config(args)
+    registry = load_registry(args.app)
+    crons = load_crons(args.crons)
+    pool_size = args.pool_size or min(config.concurrency + 4, 40)
+    stopper = Stopper()
+    stopper.install()
+    # min_size=0: a database that is down at start is retried by the worker, not fatal.
+    pool = await pgfleet.create_pool(args.dsn, min_size=0, max_size=max(pool_size, 3))
+    try:
+        events = hooks.events(pool) if hooks is not None else None
+        worker = Worker(pool, registry, config, crons=crons, events=events)
+        if hooks is not None:
+            await hooks.started(worker, pool)
+        try:
+            await worker.run(shutdown=stopper.event.wait())
+        except asyncio.CancelledError:
+            if stopper.signals < 2:
+                raise
+        finally:
+            if hooks is not None:
+                await hooks.stopped()
+    finally:
+        await pool.close()
+    return 0
+
+
+def main(args: argparse.Namespace, hooks: Any = None) -> int:
+    configure_logging(args.log_level)
+    if not args.dsn:
+        raise SystemExit("pgfleet worker: no database: pass --dsn or set PGFLEET_DATABASE_URL")
+    if not args.app:
+        raise SystemExit(
+            "pgfleet worker: no application: pass --app module:registry or set PGFLEET_APP"
+        )
+    loop_name = install_uvloop()
+    log.info("pgfleet worker starting on %s", loop_name)
+    try:
+        code = asyncio.run(serve(args, hooks))
+    except PgfleetError as exc:
+        raise SystemExit(f"pgfleet worker: {exc}") from None
+    except Exception as exc:
+        from pgfleet.service.apps import AppError
+
+        if isinstance(exc, AppError):
+            raise SystemExit(f"pgfleet worker: {exc}") from None
+        raise
+    _exit_despite_stuck_threads(code)
+    return code
+
+
+def _exit_despite_stuck_threads(code: int) -> None:
+    stuck = [t for t in threading.enumerate() if t.name.startswith("pgfleet-job") and t.is_alive()]
+    if stuck:
+        log.warning(
+            "%d sync handlers are still running in threads; exiting without them "
+            "(their jobs were requeued)",
+            len(stuck),
+        )
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)

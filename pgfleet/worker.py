@@ -1,0 +1,708 @@
+"""The consumer side: a Worker claims jobs, runs their handlers and records outcomes."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import contextvars
+import inspect
+import json
+import logging
+import math
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Collection, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from pgfleet import context
+from pgfleet._runtime.listener import Listener
+from pgfleet._runtime.services import Heartbeat, Identity, Maintenance
+from pgfleet._runtime.tracing import job_span
+from pgfleet.backoff import retry_delay
+from pgfleet.db import Q
+from pgfleet.db.boundary import is_connection_error
+from pgfleet.db.migrate import check_schema
+from pgfleet.errors import DatabaseUnavailable, InvalidOptions, PermanentError, SchemaNotReady
+from pgfleet.events import WorkerEvents
+from pgfleet.jobs import Job, JobStatus, validate_name
+from pgfleet.registry import Handler, Registry
+
+log = logging.getLogger("pgfleet")
+
+_MAX_ERROR_LENGTH = 4000
+_DAY = 86400.0
+
+
+def _seconds(
+    value: float | timedelta | None, what: str, *, allow_none: bool = False
+) -> float | None:
+    if value is None:
+        if allow_none:
+            return None
+        raise InvalidOptions(f"{what} is required")
+    if isinstance(value, timedelta):
+        value = value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidOptions(f"{what} must be a number of seconds or a timedelta, got {value!r}")
+    if value <= 0:
+        raise InvalidOptions(f"{what} must be positive, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How a worker runs. Durations are seconds (int/float) or ``timedelta``."""
+
+    #: Handlers running at once in this worker.
+    concurrency: int = 16
+    #: How often an idle claim loop polls, whatever notifications do.
+    poll_interval: float | timedelta = 2.0
+    #: Job names this worker serves (default: every name in the registry).
+    job_names: Collection[str] | None = None
+    #: Named queues this worker serves (default: all jobs, named or not).
+    queue_names: Collection[str] | None = None
+    #: Time running handlers get to finish at shutdown before they are cancelled
+    #: and their jobs requeued.
+    shutdown_grace_period: float | timedelta = 30.0
+    heartbeat_interval: float | timedelta = 5.0
+    #: A worker whose heartbeat is older than this is dead: its jobs are recovered.
+    dead_worker_timeout: float | timedelta = 30.0
+    #: Finished jobs older than this are pruned in the background; None keeps all.
+    finished_job_retention: float | timedelta | None = timedelta(days=30)
+    prune_interval: float | timedelta = 60.0
+    prune_batch_size: int = 1000
+    #: Retry delay after attempt n: min(cap, base * 2**(n-1)) plus up to jitter * delay.
+    backoff_base: float | timedelta = 1.0
+    backoff_cap: float | timedelta = 3600.0
+    backoff_jitter: float = 0.2
+    #: Handler timeout unless the handler sets its own; None means no timeout.
+    default_timeout: float | timedelta | None = 600.0
+    #: LISTEN for wakeups (polling runs either way).
+    listen: bool = True
+    #: Take part in the election of the worker that runs fleet-wide maintenance.
+    lead: bool = True
+    #: How often cron schedules are checked (intervals shorter than this are capped).
+    cron_poll_interval: float | timedelta = 5.0
+    #: At shutdown, how long to keep trying to write outcomes to an unreachable database.
+    completion_flush_timeout: float | timedelta = 30.0
+
+    def __post_init__(self) -> None:
+        c = self.concurrency
+        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 10_000:
+            raise InvalidOptions(f"concurrency must be an integer from 1 to 10000, got {c!r}")
+        for name in (
+            "poll_interval",
+            "shutdown_grace_period",
+            "heartbeat_interval",
+            "dead_worker_timeout",
+            "prune_interval",
+            "backoff_base",
+            "backoff_cap",
+            "cron_poll_interval",
+            "completion_flush_timeout",
+        ):
+            object.__setattr__(self, name, _seconds(getattr(self, name), name))
+        for name in ("finished_job_retention", "default_timeout"):
+            object.__setattr__(self, name, _seconds(getattr(self, name), name, allow_none=True))
+        if self.dead_worker_timeout < 2 * self.heartbeat_interval:  # type: ignore[operator]
+            raise InvalidOptions(
+                f"dead_worker_timeout ({self.dead_worker_timeout}s) must be at least twice "
+                f"heartbeat_interval ({self.heartbeat_interval}s), or live workers look dead"
+            )
+        if self.backoff_cap < self.backoff_base:  # type: ignore[operator]
+            raise InvalidOptions("backoff_cap must be at least backoff_base")
+        j = self.backoff_jitter
+        if isinstance(j, bool) or not isinstance(j, int | float) or not 0 <= j <= 1:
+            raise InvalidOptions(f"backoff_jitter must be between 0 and 1, got {j!r}")
+        b = self.prune_batch_size
+        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 100_000:
+            raise InvalidOptions(f"prune_batch_size must be from 1 to 100000, got {b!r}")
+        for name in ("job_names", "queue_names"):
+            names = getattr(self, name)
+            if names is None:
+                continue
+            if isinstance(names, str) or not isinstance(names, Collection):
+                raise InvalidOptions(f"{name} must be a collection of names, not {names!r}")
+            what = "job name" if name == "job_names" else "queue name"
+            object.__setattr__(self, name, frozenset(validate_name(n, what) for n in names))
+
+    def seconds(self, name: str) -> float:
+        value = getattr(self, name)
+        assert isinstance(value, float)
+        return value
+
+    def optional_seconds(self, name: str) -> float | None:
+        value = getattr(self, name)
+        assert value is None or isinstance(value, float)
+        return value
+
+
+@dataclass
+class RunStats:
+    """What one ``Worker.run`` did, by outcome (as written to the database)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    aborted: int = 0
+    cancelled: int = 0
+    rescued: int = 0
+    by_name: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count(self, name: str, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+        per = self.by_name.setdefault(name, {})
+        per[outcome] = per.get(outcome, 0) + 1
+
+
+class _Outcome:
+    """A finished attempt waiting to be written."""
+
+    __slots__ = ("delay", "duration", "error", "job", "kind", "label", "resent")
+
+    def __init__(
+        self,
+        job: Job,
+        kind: str,
+        label: str,
+        duration: float,
+        delay: float = 0.0,
+        error: str | None = None,
+    ) -> None:
+        self.job = job
+        self.kind = kind  # what the database does: succeeded / retry / failed / aborted
+        self.label = label  # what the events report: succeeded / retried / failed / aborted
+        self.duration = duration
+        self.delay = delay
+        self.error = error
+        self.resent = False
+
+
+class Worker:
+    """Runs the handlers of ``registry`` for jobs in the database behind ``pool``.
+
+    The pool should allow at least three connections for the worker (claim loop,
+    listener, heartbeat and maintenance) besides what handlers use themselves.
+    """
+
+    def __init__(
+        self,
+        pool: Any,
+        registry: Registry,
+        config: WorkerConfig | None = None,
+        *,
+        crons: Sequence[Any] = (),
+        events: WorkerEvents | None = None,
+    ) -> None:
+        self.config = config or WorkerConfig()
+        if not isinstance(self.config, WorkerConfig):
+            raise InvalidOptions("config must be a WorkerConfig")
+        if not isinstance(registry, Registry):
+            raise InvalidOptions("registry must be a pgfleet.Registry")
+        self.id = uuid.uuid4()
+        self._pool = pool
+        self._registry = registry
+        self._events = events or WorkerEvents()
+        served = self.config.job_names
+        if served is not None:
+            unknown = sorted(set(served) - registry.names())
+            if unknown:
+                raise InvalidOptions(f"job_names {unknown} have no handler in the registry")
+        self._names = sorted(served if served is not None else registry.names())
+        self._queue_names = (
+            None if self.config.queue_names is None else sorted(self.config.queue_names)
+        )
+        self._crons = list(crons)
+        self._cron_service: Any = None
+        if self._crons:
+            from pgfleet.cron import CronService  # type: ignore[import-not-found,unused-ignore]
+
+            self._cron_service = CronService(pool, registry, self._crons, self.config)
+        cfg = self.config
+        self._concurrency = cfg.concurrency
+        self._poll = cfg.seconds("poll_interval")
+        self._default_timeout = cfg.optional_seconds("default_timeout")
+        self._running: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._outcomes: list[_Outcome] = []
+        self._wake_event = asyncio.Event()
+        self._wake_source = "start"
+        self._stopping = False
+        self._aborting = False
+        self._burst = False
+        self._threads: concurrent.futures.ThreadPoolExecutor | None = None
+        self._state: context.WorkerState | None = None
+        self.stats = RunStats()
+        self._started = asyncio.Event()
+        identity = Identity.new(self.id, cfg.concurrency, self._names, self._queue_names)
+        self._heartbeat = Heartbeat(
+            pool,
+            identity,
+            interval=cfg.seconds("heartbeat_interval"),
+            lease=cfg.seconds("dead_worker_timeout"),
+            lead=cfg.lead,
+            events=self._events,
+            on_leader=self._on_leader,
+        )
+        self._maintenance = Maintenance(
+            pool,
+            interval=cfg.seconds("heartbeat_interval"),
+            is_leader=lambda: self._heartbeat.is_leader,
+            retention=cfg.optional_seconds("finished_job_retention"),
+            prune_interval=cfg.seconds("prune_interval"),
+            prune_batch_size=cfg.prune_batch_size,
+            rescue_batch_size=1000,
+            events=self._events,
+            wake=self._notify_fleet,
+            clock=time.monotonic,
+        )
+        self._listener = Listener(pool, self._wake) if cfg.listen else None
+
+    # ------------------------------------------------------------ public
+
+    async def wait_started(self) -> None:
+        """Return once the worker is registered and its services run."""
+        await self._started.wait()
+
+    @property
+    def is_leader(self) -> bool:
+        return self._heartbeat.is_leader
+
+    @property
+    def active_jobs(self) -> int:
+        return len(self._running)
+
+    @property
+    def maintenance(self) -> Maintenance:
+        return self._maintenance
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        return self._heartbeat
+
+    @property
+    def listener(self) -> Listener | None:
+        return self._listener
+
+    async def run(self, shutdown: Awaitable[Any] | None = None, *, burst: bool = False) -> RunStats:
+        """Run until ``shutdown`` completes (or, with ``burst``, until no runnable
+        job is left), then drain gracefully and return what was done."""
+        self._burst = burst
+        stop = asyncio.ensure_future(shutdown) if shutdown is not None else None
+        try:
+            await self._start(stop)
+            claim = asyncio.get_running_loop().create_task(self._claim_loop(), name="pgfleet-claim")
+            waiters: list[asyncio.Future[Any]] = [claim]
+            if stop is not None:
+                waiters.append(stop)
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            if claim.done() and claim.exception() is not None:
+                raise claim.exception()  # type: ignore[misc]
+            await self._drain(claim, self.config.seconds("shutdown_grace_period"))
+        except asyncio.CancelledError:
+            await self._drain(None, 0.0)
+            raise
+        finally:
+            if stop is not None and not stop.done():
+                stop.cancel()
+            await self._stop_services()
+        self.stats.rescued = self._maintenance.rescued
+        return self.stats
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def _start(self, stop: asyncio.Future[Any] | None) -> None:
+        context.install_log_record_factory()
+        delay = 0.5
+        while True:
+            try:
+                async with self._pool.acquire() as conn:
+                    await check_schema(conn)
+                await self._heartbeat.run_once()
+                break
+            except SchemaNotReady:
+                raise
+            except Exception as exc:
+                if not is_connection_error(exc) and not isinstance(exc, DatabaseUnavailable):
+                    raise
+                log.warning(
+                    "database unavailable at worker start (%s); retrying in %.1fs", exc, delay
+                )
+                if stop is not None:
+                    done, _ = await asyncio.wait([stop], timeout=delay)
+                    if done:
+                        raise asyncio.CancelledError from None
+                else:
+                    await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
+        loop = asyncio.get_running_loop()
+        assert self._heartbeat.started_at is not None
+        self._state = context.WorkerState(
+            started_at=self._heartbeat.started_at,
+            shutting_down=threading.Event(),
+            shutdown_future=loop.create_future(),
+        )
+        for hook in self._registry.startup_hooks:
+            result = hook(self._pool)
+            if inspect.isawaitable(result):
+                await result
+        log.info(
+            "worker %s started: concurrency %d, serving %s",
+            self.id,
+            self._concurrency,
+            ", ".join(self._names) or "no job names",
+        )
+        if self._listener is not None:
+            self._listener.start()
+        self._heartbeat.start()
+        self._maintenance.start()
+        if self._cron_service is not None:
+            await self._cron_service.prepare()
+            self._cron_service.start()
+        self._started.set()
+
+    async def _drain(self, claim: asyncio.Task[None] | None, grace: float) -> None:
+        """Stop claiming, give running handlers ``grace`` seconds, cancel the rest
+        (their jobs are requeued), and write every outcome."""
+        self._stopping = True
+        if self._state is not None and not self._state.shutting_down.is_set():
+            self._state.shutting_down.set()
+            self._state.shutdown_future.set_result(None)
+        self._wake("completion")
+        if self._running:
+            log.info("worker %s draining: %d jobs running", self.id, len(self._running))
+            pending: set[asyncio.Task[None]] = set(self._running.values())
+            if grace > 0:
+                _, pending = await asyncio.wait(pending, timeout=grace)
+            if pending:
+                self._aborting = True
+                log.info(
+                    "cancelling %d handlers still running after the grace period", len(pending)
+                )
+                for task in pending:
+                    task.cancel()
+                _, stuck = await asyncio.wait(pending, timeout=5.0)
+                if stuck:
+                    log.error(
+                        "%d handlers ignored cancellation; their jobs will be recovered", len(stuck)
+                    )
+                    for task in stuck:
+                        self._running = {k: v for k, v in self._running.items() if v is not task}
+        if claim is None or claim.done():
+            claim = asyncio.get_running_loop().create_task(self._claim_loop(), name="pgfleet-flush")
+        self._wake("completion")
+        try:
+            await asyncio.wait_for(claim, self.config.seconds("completion_flush_timeout"))
+        except TimeoutError:
+            log.error(
+                "could not write %d job outcomes before stopping; those jobs will be "
+                "recovered from this worker after its heartbeat expires",
+                len(self._outcomes),
+            )
+
+    async def _stop_services(self) -> None:
+        if self._state is not None:
+            for hook in self._registry.shutdown_hooks:
+                try:
+                    result = hook(self._pool)
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:
+                    log.exception("shutdown hook %r failed", hook)
+        if self._cron_service is not None:
+            await self._cron_service.stop()
+        await self._maintenance.stop()
+        await self._heartbeat.stop()
+        if self._listener is not None:
+            await self._listener.stop()
+        if self._threads is not None:
+            self._threads.shutdown(wait=False, cancel_futures=True)
+        if self._state is not None:
+            try:
+                await self._heartbeat.deregister()
+            except Exception as exc:
+                log.warning("could not deregister worker %s: %s", self.id, exc)
+            log.info("worker %s stopped", self.id)
+
+    def _on_leader(self, leader: bool) -> None:
+        if leader:
+            self._maintenance.kick()
+
+    async def _notify_fleet(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._pool.execute(Q.notify_jobs.sql)
+
+    # ------------------------------------------------------------ claim loop
+
+    def _wake(self, source: str) -> None:
+        if not self._wake_event.is_set():
+            self._wake_source = source
+            self._wake_event.set()
+
+    async def _wait(self, timeout: float | None) -> None:
+        if not self._wake_event.is_set():
+            if timeout is None:
+                await self._wake_event.wait()
+            else:
+                try:
+                    await asyncio.wait_for(self._wake_event.wait(), timeout)
+                except TimeoutError:
+                    self._wake_source = "poll"
+        self._events.wakeup(self._wake_source)
+
+    async def _claim_loop(self) -> None:
+        """One round trip per turn: write finished outcomes and claim free slots."""
+        conn: Any = None
+        failures = 0
+        idle = False
+        try:
+            while True:
+                if self._stopping and not self._running and not self._outcomes:
+                    return
+                free = 0 if self._stopping else self._concurrency - len(self._running)
+                if not self._outcomes:
+                    if free == 0:
+                        self._wake_event.clear()
+                        await self._wait(None)
+                        continue
+                    if idle:
+                        await self._wait(self._poll)
+                        idle = False
+                        continue
+                self._wake_event.clear()
+                batch, self._outcomes = self._outcomes, []
+                try:
+                    if conn is None:
+                        conn = await self._pool.acquire()
+                        await conn.execute(Q.claim_session_begin.sql)
+                        if failures:
+                            await self._release_unknown(conn, batch)
+                    rows = await conn.fetch(
+                        Q.job_complete_and_claim.sql,
+                        [o.job.id for o in batch],
+                        [o.job.lock_token for o in batch],
+                        [o.kind for o in batch],
+                        [o.delay for o in batch],
+                        [o.error for o in batch],
+                        self.id,
+                        self._names,
+                        self._queue_names,
+                        free,
+                    )
+                except Exception as exc:
+                    for o in batch:
+                        o.resent = True
+                    self._outcomes[:0] = batch
+                    await self._drop(conn)
+                    conn = None
+                    failures += 1
+                    delay = min(30.0, 0.05 * 2**failures)
+                    log.warning("claim round failed (%s); retrying in %.2fs", exc, delay)
+                    await self._pause(delay)
+                    continue
+                failures = 0
+                claimed = self._settle(batch, rows)
+                idle = claimed < free
+                if self._burst and idle and not self._running and not self._outcomes:
+                    self._stopping = True
+                    return
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    await conn.execute(Q.claim_session_end.sql)
+                    await self._pool.release(conn)
+
+    async def _release_unknown(self, conn: Any, batch: list[_Outcome]) -> None:
+        known = list(self._running) + [o.job.id for o in batch] + [o.job.id for o in self._outcomes]
+        released = await conn.fetchval(Q.job_release_unknown.sql, self.id, known)
+        if released:
+            log.warning(
+                "released %d jobs claimed by a round whose answer was lost with the connection",
+                released,
+            )
+
+    async def _drop(self, conn: Any) -> None:
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                if not conn.is_closed():
+                    conn.terminate()
+                await self._pool.release(conn)
+
+    async def _pause(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+
+    def _settle(self, batch: list[_Outcome], rows: list[Any]) -> int:
+        applied: set[uuid.UUID] = set()
+        claimed = 0
+        for row in rows:
+            if row["claimed"]:
+                self._launch(row)
+                claimed += 1
+            else:
+                applied.add(row["id"])
+        for o in batch:
+            job = o.job
+            if job.id in applied:
+                self.stats.count(job.name, o.label)
+                self._events.job_finished(job, o.label, o.duration)
+            elif o.resent:
+                # The round that first carried this outcome may have committed
+                # before its connection dropped: most likely it is ours.
+                self.stats.count(job.name, o.label)
+                self._events.job_finished(job, o.label, o.duration)
+            else:
+                log.warning(
+                    "job %s (%s) was taken away while running (recovered, or completed or "
+                    "failed by an operator): its %s outcome was discarded",
+                    job.id,
+                    job.name,
+                    o.label,
+                )
+                self.stats.count(job.name, "cancelled")
+                self._events.job_finished(job, "cancelled", o.duration)
+        self.stats.claimed += claimed
+        return claimed
+
+    def _launch(self, row: Any) -> None:
+        payload = row["payload"]
+        job = Job(
+            id=row["id"],
+            name=row["name"],
+            payload=None if payload is None else json.loads(payload),
+            status=JobStatus.RUNNING,
+            attempt=row["attempt"],
+            max_attempts=row["max_attempts"],
+            priority=row["priority"],
+            queue_name=row["queue_name"],
+            job_key=row["job_key"],
+            run_at=row["run_at"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=None,
+            last_error=row["last_error"],
+            worker_id=self.id,
+            lock_token=row["lock_token"],
+        )
+        handler = self._registry.get(job.name)
+        assert handler is not None  # the claim only takes names we serve
+        pickup = (job.started_at - job.run_at).total_seconds() if job.started_at else 0.0
+        task = asyncio.get_running_loop().create_task(self._execute(handler, job, pickup))
+        self._running[job.id] = task
+
+    # ------------------------------------------------------------ one job
+
+    async def _execute(self, handler: Handler, job: Job, pickup: float) -> None:
+        assert self._state is not None
+        context.enter_job(self._state, job)
+        start = time.perf_counter()
+        outcome: _Outcome | None = None
+        try:
+            log.info(
+                "job started: %s %s attempt %d/%d%s",
+                job.name,
+                job.id,
+                job.attempt,
+                job.max_attempts,
+                f" queue {job.queue_name}" if job.queue_name else "",
+            )
+            self._events.job_started(job, pickup)
+            outcome = await self._attempt(handler, job, start)
+        except BaseException as exc:  # never let a job task die without an outcome
+            outcome = _Outcome(job, "aborted", "aborted", time.perf_counter() - start)
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("internal error running job %s", job.id)
+        finally:
+            if outcome is None:
+                outcome = _Outcome(job, "aborted", "aborted", time.perf_counter() - start)
+            self._running.pop(job.id, None)
+            self._outcomes.append(outcome)
+            self._wake("completion")
+
+    async def _attempt(self, handler: Handler, job: Job, start: float) -> _Outcome:
+        timeout = handler.timeout if handler.timeout is not None else self._default_timeout
+        error: BaseException | None = None
+        timed_out = False
+        try:
+            payload = handler.decode(job.payload) if handler.takes_payload else None
+            with job_span(job):
+                if handler.is_async:
+                    async with asyncio.timeout(timeout) as scope:
+                        try:
+                            await handler.call(job, payload)
+                        finally:
+                            timed_out = scope.expired()
+                else:
+                    await self._run_in_thread(handler, job, payload, timeout)
+        except asyncio.CancelledError:
+            if timed_out:
+                error = TimeoutError()
+            else:
+                log.info("job aborted at shutdown and requeued: %s %s", job.name, job.id)
+                return _Outcome(job, "aborted", "aborted", time.perf_counter() - start)
+        except TimeoutError as exc:
+            error = exc
+        except Exception as exc:
+            error = exc
+        duration = time.perf_counter() - start
+        if error is None:
+            log.info("job succeeded: %s %s in %.1f ms", job.name, job.id, duration * 1000)
+            return _Outcome(job, "succeeded", "succeeded", duration)
+        if timed_out or (isinstance(error, TimeoutError) and not str(error)):
+            message = f"TimeoutError: handler ran longer than its timeout of {timeout}s"
+        else:
+            message = f"{type(error).__name__}: {error}"[:_MAX_ERROR_LENGTH]
+        if handler.infallible:
+            log.warning(
+                "infallible job %s %s raised (recorded as succeeded): %s",
+                job.name,
+                job.id,
+                message,
+                exc_info=error,
+            )
+            return _Outcome(job, "succeeded", "succeeded", duration)
+        if isinstance(error, PermanentError) or job.attempt >= job.max_attempts:
+            log.error(
+                "job failed permanently: %s %s attempt %d/%d: %s",
+                job.name,
+                job.id,
+                job.attempt,
+                job.max_attempts,
+                message,
+                exc_info=error,
+            )
+            return _Outcome(job, "failed", "failed", duration, error=message)
+        cfg = self.config
+        delay = retry_delay(
+            job.attempt,
+            base=cfg.seconds("backoff_base"),
+            cap=cfg.seconds("backoff_cap"),
+            jitter=cfg.backoff_jitter,
+        )
+        log.warning(
+            "job failed and will retry: %s %s attempt %d/%d in %.1fs: %s",
+            job.name,
+            job.id,
+            job.attempt,
+            job.max_attempts,
+            delay,
+            message,
+            exc_info=error,
+        )
+        return _Outcome(job, "retry", "retried", duration, delay=delay, error=message)
+
+    async def _run_in_thread(
+        self, handler: Handler, job: Job, payload: Any, timeout: float | None
+    ) -> None:
+        if self._threads is None:
+            self._threads = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self._concurrency, thread_name_prefix="pgfleet-job"
+            )
+        ctx = contextvars.copy_context()
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(self._threads, ctx.run, handler.call, job, payload)
+        # The thread cannot be stopped: on timeout or shutdown its result is ignored.
+        await asyncio.wait_for(future, timeout)
