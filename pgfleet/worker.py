@@ -183,6 +183,33 @@ class _Outcome:
         self.resent = False
 
 
+class _Fanout(WorkerEvents):
+    """Sends every event to several listeners."""
+
+    def __init__(self, targets: list[WorkerEvents]) -> None:
+        self.targets = targets
+
+    def job_started(self, job: Job, pickup_delay: float) -> None:
+        for t in self.targets:
+            t.job_started(job, pickup_delay)
+
+    def job_finished(self, job: Job, outcome: str, duration: float) -> None:
+        for t in self.targets:
+            t.job_finished(job, outcome, duration)
+
+    def wakeup(self, source: str) -> None:
+        for t in self.targets:
+            t.wakeup(source)
+
+    def jobs_rescued(self, count: int) -> None:
+        for t in self.targets:
+            t.jobs_rescued(count)
+
+    def leader_changed(self, is_leader: bool) -> None:
+        for t in self.targets:
+            t.leader_changed(is_leader)
+
+
 class Worker:
     """Runs the handlers of ``registry`` for jobs in the database behind ``pool``.
 
@@ -218,6 +245,8 @@ class Worker:
             None if self.config.queue_names is None else sorted(self.config.queue_names)
         )
         self._crons = list(crons)
+        #: Called with (name, count) when this worker enqueues jobs (cron); a metrics hook.
+        self.on_enqueued: Any = None
         self._cron_service: Any = None
         if self._crons:
             from pgfleet.cron import CronService  # type: ignore[import-not-found,unused-ignore]
@@ -267,6 +296,20 @@ class Worker:
     async def wait_started(self) -> None:
         """Return once the worker is registered and its services run."""
         await self._started.wait()
+
+    @property
+    def served_names(self) -> list[str]:
+        """The job names this worker claims."""
+        return list(self._names)
+
+    def add_events(self, events: WorkerEvents) -> None:
+        """Also send runtime events to ``events`` (call before ``run``)."""
+        if isinstance(self._events, _Fanout):
+            self._events.targets.append(events)
+        else:
+            self._events = _Fanout([self._events, events])
+        self._heartbeat.events = self._events
+        self._maintenance.events = self._events
 
     @property
     def is_leader(self) -> bool:

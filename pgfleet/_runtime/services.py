@@ -116,7 +116,7 @@ class Heartbeat(Periodic):
         self._identity = identity
         self._lease = lease
         self._lead = lead
-        self._events = events
+        self.events = events
         self._on_leader = on_leader
         self.is_leader = False
         self.started_at: datetime | None = None
@@ -150,7 +150,7 @@ class Heartbeat(Periodic):
         if leader != self.is_leader:
             self.is_leader = leader
             log.info("worker %s %s the fleet leadership", i.id, "took" if leader else "lost")
-            self._events.leader_changed(leader)
+            self.events.leader_changed(leader)
             self._on_leader(leader)
 
     async def deregister(self) -> None:
@@ -158,7 +158,7 @@ class Heartbeat(Periodic):
             await self._pool.execute(Q.worker_deregister.sql, self._identity.id)
         if self.is_leader:
             self.is_leader = False
-            self._events.leader_changed(False)
+            self.events.leader_changed(False)
 
 
 class Maintenance(Periodic):
@@ -187,7 +187,7 @@ class Maintenance(Periodic):
         self._prune_interval = prune_interval
         self._prune_batch = prune_batch_size
         self._rescue_batch = rescue_batch_size
-        self._events = events
+        self.events = events
         self._wake = wake
         self._clock = clock
         self._last_prune = float("-inf")
@@ -226,7 +226,7 @@ class Maintenance(Periodic):
                 break
         if total:
             self.rescued += total
-            self._events.jobs_rescued(total)
+            self.events.jobs_rescued(total)
             await self._wake()
         return total
 

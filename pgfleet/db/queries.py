@@ -86,6 +86,8 @@ class Queries:
     claim_session_begin: Query
     claim_session_end: Query
     job_release_unknown: Query
+    queue_stats: Query
+    workers_alive: Query
 
     def __init__(self, loaded: dict[str, Query]) -> None:
         declared = set(type(self).__annotations__)

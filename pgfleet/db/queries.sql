@@ -341,3 +341,31 @@ WITH released AS (
     SELECT pg_notify('pgfleet_jobs', '') FROM released LIMIT 1
 )
 SELECT (SELECT count(*) FROM released) + 0 * (SELECT count(*) FROM wake);
+
+-- ---------------------------------------------------------------- metrics
+
+-- name: queue_stats :many
+-- Queue-level gauges per job name, computed at scrape time from the partial
+-- indexes (runnable, running, failed): retained succeeded jobs are never read.
+WITH queued AS (
+    SELECT name,
+           count(*) FILTER (WHERE run_at <= now()) AS queued,
+           count(*) FILTER (WHERE run_at > now()) AS scheduled,
+           COALESCE(extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now())), 0)
+               AS oldest_age
+    FROM pgfleet.jobs WHERE status = 'queued' GROUP BY name
+), running AS (
+    SELECT name, count(*) AS running FROM pgfleet.jobs WHERE status = 'running' GROUP BY name
+), dead AS (
+    SELECT name, count(*) AS dead FROM pgfleet.jobs WHERE status = 'failed' GROUP BY name
+)
+SELECT name,
+       COALESCE(q.queued, 0) AS queued,
+       COALESCE(q.scheduled, 0) AS scheduled,
+       COALESCE(q.oldest_age, 0)::float8 AS oldest_age,
+       COALESCE(r.running, 0) AS running,
+       COALESCE(d.dead, 0) AS dead
+FROM queued q FULL JOIN running r USING (name) FULL JOIN dead d USING (name);
+
+-- name: workers_alive :val
+SELECT count(*) FROM pgfleet.workers WHERE expires_at > now();

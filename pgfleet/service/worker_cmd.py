@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from typing import Any
 
 from pgfleet.errors import InvalidOptions, PgfleetError
@@ -98,6 +99,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="database connections per process (default: concurrency + 4, at most 40)",
     )
     parser.add_argument(
+        "--processes",
+        type=int,
+        default=env_default("PROCESSES", 1),
+        help="worker processes to run and supervise [PGFLEET_PROCESSES] (default 1); "
+        "process i serves metrics on --metrics-port + i",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=env_default("METRICS_PORT", 9464),
+        help="port of /metrics, /healthz, /readyz (0: off) [PGFLEET_METRICS_PORT] (default 9464)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=env_default("METRICS_HOST", "127.0.0.1"),
+        help="address to serve metrics on [PGFLEET_METRICS_HOST] (default 127.0.0.1)",
+    )
+    parser.add_argument(
         "--no-listen",
         action="store_true",
         default=env_default("NO_LISTEN", "") not in ("", "0", "false"),
@@ -166,11 +185,17 @@ def install_uvloop() -> str:
 
 
 class Stopper:
-    """First SIGTERM/SIGINT: drain. Second: stop now."""
+    """First SIGTERM/SIGINT: drain. Another one, a second or more later: stop now.
+
+    (Signals within a second of the first count as the same request: a process
+    group signalled as a whole must not skip the drain.)"""
+
+    REPEAT_WINDOW = 1.0
 
     def __init__(self) -> None:
         self.event = asyncio.Event()
         self.signals = 0
+        self.first_at = 0.0
         self.main: asyncio.Task[Any] | None = None
 
     def install(self) -> None:
@@ -180,8 +205,12 @@ class Stopper:
             loop.add_signal_handler(sig, self._on_signal, sig)
 
     def _on_signal(self, sig: signal.Signals) -> None:
+        now = time.monotonic()
+        if self.signals and now - self.first_at < self.REPEAT_WINDOW:
+            return
         self.signals += 1
         if self.signals == 1:
+            self.first_at = now
             log.info("received %s: draining", sig.name)
             self.event.set()
         else:
@@ -190,7 +219,7 @@ class Stopper:
                 self.main.cancel()
 
 
-async def serve(args: argparse.Namespace, hooks: Any = None) -> int:
+async def serve(args: argparse.Namespace) -> int:
     """Run one worker process until signalled. Returns the exit code."""
     import pgfleet
     from pgfleet.service.apps import load_crons, load_registry
@@ -204,25 +233,42 @@ async def serve(args: argparse.Namespace, hooks: Any = None) -> int:
     stopper.install()
     # min_size=0: a database that is down at start is retried by the worker, not fatal.
     pool = await pgfleet.create_pool(args.dsn, min_size=0, max_size=max(pool_size, 3))
+    server = None
     try:
-        events = hooks.events(pool) if hooks is not None else None
-        worker = Worker(pool, registry, config, crons=crons, events=events)
-        if hooks is not None:
-            await hooks.started(worker, pool)
+        worker = Worker(pool, registry, config, crons=crons)
+        if args.metrics_port:
+            server = _metrics(args, worker, pool, registry, config)
+            await server.start()
         try:
             await worker.run(shutdown=stopper.event.wait())
         except asyncio.CancelledError:
             if stopper.signals < 2:
                 raise
-        finally:
-            if hooks is not None:
-                await hooks.stopped()
     finally:
+        if server is not None:
+            await server.stop()
         await pool.close()
     return 0
 
 
-def main(args: argparse.Namespace, hooks: Any = None) -> int:
+def _metrics(args: argparse.Namespace, worker: Any, pool: Any, registry: Any, config: Any) -> Any:
+    from prometheus_client import CollectorRegistry
+
+    from pgfleet.service.http import metrics_server
+    from pgfleet.service.metrics import ProcessMetrics, QueueStats, WorkerMetrics
+
+    prom = CollectorRegistry()
+    metrics = ProcessMetrics(prom)
+    events = WorkerMetrics(metrics, lambda: worker.active_jobs, config.concurrency)
+    events.prime(worker.served_names)
+    worker.add_events(events)
+    stats = QueueStats(pool, lambda: worker.is_leader, registry.names())
+    prom.register(stats)
+    worker.on_enqueued = metrics.count_enqueued
+    return metrics_server(args.metrics_host, int(args.metrics_port), prom, stats, pool)
+
+
+def main(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     if not args.dsn:
         raise SystemExit("pgfleet worker: no database: pass --dsn or set PGFLEET_DATABASE_URL")
@@ -230,20 +276,43 @@ def main(args: argparse.Namespace, hooks: Any = None) -> int:
         raise SystemExit(
             "pgfleet worker: no application: pass --app module:registry or set PGFLEET_APP"
         )
+    _check_numbers(args)
+    from pgfleet.service.apps import AppError, load_crons, load_registry
+    from pgfleet.service.http import PortInUse
+
+    try:
+        build_config(args)
+        load_registry(args.app)  # fail fast, before the event loop, on a bad --app
+        load_crons(args.crons)
+    except (PgfleetError, AppError) as exc:
+        raise SystemExit(f"pgfleet worker: {exc}") from None
+    if args.processes > 1:
+        from pgfleet.service.supervisor import supervise
+
+        return supervise(args)
     loop_name = install_uvloop()
     log.info("pgfleet worker starting on %s", loop_name)
     try:
-        code = asyncio.run(serve(args, hooks))
-    except PgfleetError as exc:
+        code = asyncio.run(serve(args))
+    except (PgfleetError, AppError, PortInUse) as exc:
         raise SystemExit(f"pgfleet worker: {exc}") from None
-    except Exception as exc:
-        from pgfleet.service.apps import AppError
-
-        if isinstance(exc, AppError):
-            raise SystemExit(f"pgfleet worker: {exc}") from None
-        raise
     _exit_despite_stuck_threads(code)
     return code
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    for name, low in (("processes", 1), ("metrics_port", 0), ("pool_size", 0)):
+        value = getattr(args, name)
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            flag = name.replace("_", "-")
+            raise SystemExit(
+                f"pgfleet worker: --{flag} must be an integer, got {value!r}"
+            ) from None
+        if number < low or (name == "metrics_port" and number > 65535):
+            raise SystemExit(f"pgfleet worker: --{name.replace('_', '-')} out of range: {number}")
+        setattr(args, name, number)
 
 
 def _exit_despite_stuck_threads(code: int) -> None:

@@ -1,0 +1,255 @@
+"""Prometheus metrics of a pgfleet process.
+
+Per-process series (counters, histograms, the active-jobs gauge) come from runtime
+events and cost a few dictionary operations on the event loop: the claim loop never
+waits on an exporter. Queue-level gauges (queued, scheduled, running, oldest age,
+dead, workers alive) come from the database at scrape time and are exported only by
+the fleet's leader, so a fleet of replicas scraped together reports each kind once.
+
+Labels are the job name (``kind``), the outcome and the wakeup source: never job
+ids, payloads or worker ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from pgfleet import __version__
+from pgfleet.db import Q
+from pgfleet.events import WorkerEvents
+from pgfleet.jobs import Job
+
+log = logging.getLogger("pgfleet")
+
+# The *_created series double the exposition for no dashboard or alert.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+#: Handler wall time: 1 ms .. 1 h, so millisecond handlers and multi-minute ones
+#: both land in resolving buckets.
+DURATION_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800, 3600,
+)  # fmt: skip
+#: Claim time minus due time: 1 ms .. 1 day, for a backlog of hours.
+PICKUP_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1, 2.5, 5, 10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400,
+)  # fmt: skip
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class ProcessMetrics:
+    """The per-process metrics, registered on one CollectorRegistry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.duration = Histogram(
+            "pgfleet_job_duration_seconds",
+            "Handler wall time per attempt, by job name and outcome.",
+            ["kind", "outcome"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.pickup = Histogram(
+            "pgfleet_job_pickup_delay_seconds",
+            "Time from a job becoming due to a worker claiming it.",
+            ["kind"],
+            buckets=PICKUP_BUCKETS,
+            registry=registry,
+        )
+        self.finished = Counter(
+            "pgfleet_jobs_finished",
+            "Job attempts finished, by outcome: succeeded, retried, failed, cancelled "
+            "(taken away while running: outcome discarded), aborted (stopped at shutdown).",
+            ["kind", "outcome"],
+            registry=registry,
+        )
+        self.enqueued = Counter(
+            "pgfleet_jobs_enqueued",
+            "Jobs enqueued through this process.",
+            ["kind"],
+            registry=registry,
+        )
+        self.rescued = Counter(
+            "pgfleet_jobs_rescued",
+            "Jobs recovered from dead workers by this process (as leader).",
+            registry=registry,
+        )
+        self.active = Gauge(
+            "pgfleet_worker_active_jobs", "Handlers running in this process.", registry=registry
+        )
+        self.concurrency = Gauge(
+            "pgfleet_worker_concurrency",
+            "Handler slots of this process (active jobs can reach it).",
+            registry=registry,
+        )
+        self.wakeups = Counter(
+            "pgfleet_worker_wakeups",
+            "Claim-loop wakeups by source: notify, poll, completion, reconnect.",
+            ["source"],
+            registry=registry,
+        )
+        self.leader = Gauge(
+            "pgfleet_worker_leader",
+            "1 while this process leads the fleet (rescue, pruning, queue-level metrics).",
+            registry=registry,
+        )
+        self.build = Gauge(
+            "pgfleet_build_info", "pgfleet version of this process.", ["version"], registry=registry
+        )
+        self.build.labels(__version__).set(1)
+        for source in ("notify", "poll", "completion", "reconnect"):
+            self.wakeups.labels(source)
+
+    def count_enqueued(self, name: str, count: int) -> None:
+        """``Queue.on_enqueued`` hook."""
+        self.enqueued.labels(name).inc(count)
+
+
+class WorkerMetrics(WorkerEvents):
+    """Turns a worker's events into the per-process metrics."""
+
+    def __init__(self, metrics: ProcessMetrics, active: Callable[[], int], concurrency: int):
+        self.m = metrics
+        self.m.active.set_function(active)
+        self.m.concurrency.set(concurrency)
+        # Label children are cached: the hot path does one dict lookup per event.
+        self._pickup: dict[str, Any] = {}
+        self._done: dict[tuple[str, str], tuple[Any, Any]] = {}
+
+    def prime(self, kinds: Iterable[str]) -> None:
+        """Create the series of every served kind so they exist before any job."""
+        for kind in kinds:
+            self._pickup_for(kind)
+            for outcome in ("succeeded", "retried", "failed"):
+                self._done_for(kind, outcome)
+
+    def _pickup_for(self, kind: str) -> Any:
+        child = self._pickup.get(kind)
+        if child is None:
+            child = self._pickup[kind] = self.m.pickup.labels(kind)
+        return child
+
+    def _done_for(self, kind: str, outcome: str) -> tuple[Any, Any]:
+        pair = self._done.get((kind, outcome))
+        if pair is None:
+            pair = self._done[kind, outcome] = (
+                self.m.duration.labels(kind, outcome),
+                self.m.finished.labels(kind, outcome),
+            )
+        return pair
+
+    def job_started(self, job: Job, pickup_delay: float) -> None:
+        self._pickup_for(job.name).observe(max(pickup_delay, 0.0))
+
+    def job_finished(self, job: Job, outcome: str, duration: float) -> None:
+        histogram, counter = self._done_for(job.name, outcome)
+        histogram.observe(duration)
+        counter.inc()
+
+    def wakeup(self, source: str) -> None:
+        self.m.wakeups.labels(source).inc()
+
+    def jobs_rescued(self, count: int) -> None:
+        self.m.rescued.inc(count)
+
+    def leader_changed(self, is_leader: bool) -> None:
+        self.m.leader.set(1 if is_leader else 0)
+
+
+class QueueStats(Collector):
+    """Queue-level gauges from the database, refreshed right before each scrape.
+
+    ``refresh`` runs the (async) query; ``collect`` (called synchronously by
+    prometheus_client while rendering) yields the last result. A process that is
+    not the leader yields nothing, so replicas never double count.
+    """
+
+    def __init__(self, pool: Any, is_leader: Callable[[], bool], known_kinds: Iterable[str] = ()):
+        self._pool = pool
+        self._is_leader = is_leader
+        self._known = set(known_kinds)
+        self._rows: list[Any] | None = None
+        self._alive: int = 0
+        self._took = 0.0
+
+    async def refresh(self) -> None:
+        if not self._is_leader():
+            self._rows = None
+            return
+        start = time.perf_counter()
+        try:
+            async with self._pool.acquire() as conn:
+                self._rows = list(await conn.fetch(Q.queue_stats.sql))
+                self._alive = int(await conn.fetchval(Q.workers_alive.sql))
+        except Exception as exc:
+            log.warning("queue-level metrics unavailable: %s", exc)
+            self._rows = None
+        self._took = time.perf_counter() - start
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        rows = self._rows
+        if rows is None:
+            return
+        families = {
+            "queued": GaugeMetricFamily(
+                "pgfleet_jobs_queued", "Jobs runnable now (run_at <= now).", labels=["kind"]
+            ),
+            "scheduled": GaugeMetricFamily(
+                "pgfleet_jobs_scheduled",
+                "Queued jobs due later (delays, retry backoffs).",
+                labels=["kind"],
+            ),
+            "running": GaugeMetricFamily(
+                "pgfleet_jobs_running", "Jobs claimed and running.", labels=["kind"]
+            ),
+            "oldest_age": GaugeMetricFamily(
+                "pgfleet_oldest_queued_job_age_seconds",
+                "now - run_at of the oldest runnable job; 0 when none.",
+                labels=["kind"],
+            ),
+            "dead": GaugeMetricFamily(
+                "pgfleet_jobs_dead", "Failed jobs currently retained.", labels=["kind"]
+            ),
+        }
+        seen = set()
+        for row in rows:
+            seen.add(row["name"])
+            for key, family in families.items():
+                family.add_metric([row["name"]], float(row[key]))
+        for kind in sorted(self._known - seen):
+            for family in families.values():
+                family.add_metric([kind], 0.0)
+        yield from families.values()
+        yield GaugeMetricFamily(
+            "pgfleet_workers_alive", "Registered workers with a live heartbeat.", value=self._alive
+        )
+        yield GaugeMetricFamily(
+            "pgfleet_queue_collector_up",
+            "1 on the one process exporting the queue-level gauges.",
+            value=1,
+        )
+        yield GaugeMetricFamily(
+            "pgfleet_queue_stats_query_seconds",
+            "Time the queue-level query took at the last scrape.",
+            value=self._took,
+        )
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    return bytes(generate_latest(registry))
