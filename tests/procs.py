@@ -1,0 +1,144 @@
+"""Real processes for acceptance tests: start pgfleet commands, wait, signal, scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal as signals
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_ports(n: int) -> int:
+    """The first of ``n`` consecutive free ports."""
+    for _ in range(200):
+        base = free_port()
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+@dataclass
+class Proc:
+    process: asyncio.subprocess.Process
+    argv: list[str]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def signal(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            self.process.send_signal(sig)
+
+    async def stop(self, sig: int = signals.SIGTERM, timeout: float = 60) -> int:
+        self.signal(sig)
+        return await asyncio.wait_for(self.process.wait(), timeout)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+async def start(
+    args: list[str], log_dir: Path, name: str, env: dict[str, str] | None = None
+) -> Proc:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / f"{name}-{time.monotonic_ns()}.log"
+    full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    argv = [sys.executable, "-m", "pgfleet", *args]
+    with log.open("wb") as out:
+        process = await asyncio.create_subprocess_exec(
+            *argv, cwd=str(ROOT), env=full_env, stdout=out, stderr=asyncio.subprocess.STDOUT
+        )
+    return Proc(process, argv, log)
+
+
+async def start_worker(dsn: str, log_dir: Path, *extra: str, name: str = "worker") -> Proc:
+    args = ["worker", "--dsn", dsn, "--app", "tests.apps.runtime_app:registry"]
+    if "--metrics-port" not in extra:
+        args += ["--metrics-port", "0"]
+    return await start([*args, *extra], log_dir, name)
+
+
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = 60, what: str = "condition"
+) -> Any:
+    """Poll ``check`` until it returns a truthy value. Only for waiting across a
+    process boundary, where there is no event to wait on; never for ordering."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+
+
+@asynccontextmanager
+async def processes(*procs: Proc) -> AsyncIterator[None]:
+    """Kill whatever is still running when the test ends (failure included)."""
+    try:
+        yield
+    finally:
+        for p in procs:
+            if p.process.returncode is None:
+                p.signal(signals.SIGKILL)
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(p.process.wait(), 10)
+
+
+async def http_get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return response.status, await response.text()
+
+
+async def wait_http(url: str, timeout: float = 60) -> None:
+    async def ok() -> bool:
+        try:
+            status, _ = await http_get(url)
+        except aiohttp.ClientError:
+            return False
+        return status == 200
+
+    await eventually(ok, timeout, f"{url} to answer")
+
+
+def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Samples by name (``_bucket``/``_count``/``_total`` names included)."""
+    out: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return out
+
+
+def metric_types(text: str) -> dict[str, str]:
+    return {f.name: f.type for f in text_string_to_metric_families(text)}
