@@ -3,6 +3,7 @@ named queues across processes, graceful shutdown, the supervisor."""
 
 from __future__ import annotations
 
+import itertools
 import signal
 from pathlib import Path
 
@@ -164,7 +165,7 @@ async def test_named_queue_is_serial_across_three_processes(
         "SELECT job_id, pid, started_at, finished_at FROM public.executions ORDER BY started_at"
     )
     assert [r["job_id"] for r in rows] == ids  # in enqueue order
-    for before, after in zip(rows, rows[1:], strict=False):
+    for before, after in itertools.pairwise(rows):
         assert before["finished_at"] <= after["started_at"]  # never two at once
     assert len({r["pid"] for r in rows}) >= 2
 
