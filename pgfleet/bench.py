@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -26,10 +27,12 @@ import asyncpg
 
 from pgfleet.db import benchsql
 from pgfleet.db.migrate import migrate
-from pgfleet.jobs import EnqueueRequest
+from pgfleet.jobs import EnqueueRequest, Job
 from pgfleet.queue import NotifyMode, Queue, create_pool
+from pgfleet.registry import Registry
+from pgfleet.worker import Worker, WorkerConfig
 
-SUITES = ("enqueue",)
+SUITES = ("enqueue", "drain", "latency", "retention")
 
 
 @dataclass
@@ -51,14 +54,16 @@ class Bench:
     repeats: int
     scale: float
     results: list[Result] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def n(self, count: int) -> int:
         return max(1, int(count * self.scale))
 
     def add(self, result: Result) -> None:
         self.results.append(result)
-        line = f"  {result.name:<44} median {result.median:>11,.0f} {result.unit}"
-        print(line + f"   runs {[round(r) for r in result.runs]}", flush=True)
+        digits = 2 if result.unit == "ms" else 0
+        line = f"  {result.name:<44} median {result.median:>11,.{digits}f} {result.unit}"
+        print(line + f"   runs {[round(r, digits) for r in result.runs]}", flush=True)
 
 
 def _with_database(dsn: str, database: str) -> str:
@@ -222,6 +227,322 @@ async def _concurrent(
     return done / (time.perf_counter() - start)
 
 
+# ---------------------------------------------------------------- drain suite
+
+
+def _noop_registry() -> Registry:
+    registry = Registry()
+
+    @registry.job("noop")
+    async def noop(job: Job) -> None:
+        return None
+
+    return registry
+
+
+def _bench_config(concurrency: int) -> WorkerConfig:
+    return WorkerConfig(
+        concurrency=concurrency,
+        finished_job_retention=None,
+        poll_interval=0.5,
+        heartbeat_interval=5,
+        dead_worker_timeout=30,
+    )
+
+
+async def _fill(pool: asyncpg.Pool, total: int) -> None:
+    queue = Queue(pool, notify=NotifyMode.OFF)
+    for start in range(0, total, 1000):
+        size = min(1000, total - start)
+        await queue.enqueue_many([EnqueueRequest("noop", None) for _ in range(size)])
+
+
+async def _drain_in_process(pool: asyncpg.Pool, concurrency: int) -> float:
+    worker = Worker(pool, _noop_registry(), _bench_config(concurrency))
+    start = time.perf_counter()
+    stats = await worker.run(burst=True)
+    return stats.succeeded / (time.perf_counter() - start)
+
+
+async def _drain_processes(dsn: str, processes: int, concurrency: int, total: int) -> float:
+    """Children start, connect and wait for 'go' on stdin, so process start-up is
+    not timed; the clock runs from 'go' to the last child's report."""
+    children = [
+        await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "pgfleet.bench",
+            "--child-drain",
+            str(concurrency),
+            dsn,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+        )
+        for _ in range(processes)
+    ]
+    for child in children:
+        assert child.stdout is not None
+        line = await child.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"benchmark child failed to start: {line!r}")
+    start = time.perf_counter()
+    for child in children:
+        assert child.stdin is not None
+        child.stdin.write(b"go\n")
+        await child.stdin.drain()
+    done = 0
+    for child in children:
+        assert child.stdout is not None
+        done += int(json.loads(await child.stdout.readline())["succeeded"])
+    elapsed = time.perf_counter() - start
+    for child in children:
+        await child.wait()
+    if done != total:
+        raise RuntimeError(f"children drained {done} jobs, expected {total}")
+    return done / elapsed
+
+
+async def _child_drain(concurrency: int, dsn: str) -> None:
+    pool = await create_pool(dsn, min_size=3, max_size=6)
+    try:
+        async with pool.acquire() as conn:
+            await conn.fetchval(benchsql.PING)
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        worker = Worker(pool, _noop_registry(), _bench_config(concurrency))
+        stats = await worker.run(burst=True)
+        print(json.dumps({"succeeded": stats.succeeded}), flush=True)
+    finally:
+        await pool.close()
+
+
+async def _raw_drain(pool: asyncpg.Pool, claimers: int, batch: int) -> float:
+    done = 0
+
+    async def claimer() -> None:
+        nonlocal done
+        async with pool.acquire() as conn:
+            while True:
+                rows = await conn.fetch(benchsql.RAW_CLAIM, batch)
+                if not rows:
+                    return
+                await conn.execute(benchsql.RAW_COMPLETE, [r["id"] for r in rows])
+                done += len(rows)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(claimer() for _ in range(claimers)))
+    return done / (time.perf_counter() - start)
+
+
+async def suite_drain(bench: Bench, dsn: str) -> None:
+    print("drain (no-op jobs)", flush=True)
+    total = bench.n(20_000)
+    single_total = bench.n(5_000)
+    pool = await create_pool(dsn, min_size=4, max_size=8)
+    runs: dict[str, list[float]] = {}
+    try:
+        for _ in range(bench.repeats):
+            for claimers in (1, 2):
+                await _reset(pool)
+                await pool.execute(benchsql.RAW_FILL, total)
+                runs.setdefault(f"raw drain {claimers}", []).append(
+                    await _raw_drain(pool, claimers, 1000)
+                )
+            for concurrency in (1, 16, 64):
+                n = single_total if concurrency == 1 else total
+                await _reset(pool)
+                await _fill(pool, n)
+                runs.setdefault(f"drain c{concurrency}", []).append(
+                    await _drain_in_process(pool, concurrency)
+                )
+            await _reset(pool)
+            await _fill(pool, total)
+            runs.setdefault("drain 2 processes c64", []).append(
+                await _drain_processes(dsn, 2, 64, total)
+            )
+        stats = await pool.fetchrow(benchsql.TABLE_STATS)
+    finally:
+        await pool.close()
+    titles = {
+        "raw drain 1": ("raw SQL claim 1000 + complete, 1 connection", None),
+        "raw drain 2": ("raw SQL claim 1000 + complete, 2 connections", None),
+        "drain c1": ("1 process, concurrency 1", "raw drain 1"),
+        "drain c16": ("1 process, concurrency 16", "raw drain 1"),
+        "drain c64": ("1 process, concurrency 64", "raw drain 1"),
+        "drain 2 processes c64": ("2 processes, concurrency 64 each", "raw drain 2"),
+    }
+    for key, (title, ref) in titles.items():
+        bench.add(Result(key, "jobs/s", runs[key], reference=ref, extra={"title": title}))
+    bench.facts["after drain"] = {
+        "table_bytes": int(stats["total_bytes"]),
+        "heap_bytes": int(stats["heap_bytes"]),
+        "dead_tuples": int(stats["dead_tuples"]),
+        "live_tuples": int(stats["live_tuples"]),
+    }
+    print(f"  table after the last drain: {bench.facts['after drain']}", flush=True)
+
+
+# ---------------------------------------------------------------- pickup latency suite
+
+
+async def _latency_child(dsn: str, concurrency: int) -> None:
+    """A worker process that reports (job id, wall clock at handler start)."""
+    pool = await create_pool(dsn, min_size=3, max_size=6)
+    registry = Registry()
+    out = sys.stdout
+
+    @registry.job("noop")
+    async def noop(job: Job) -> None:
+        out.write(f"{job.id} {time.time():.6f}\n")
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_reader(sys.stdin.fileno(), stop.set)
+    worker = Worker(pool, registry, _bench_config(concurrency))
+    task = loop.create_task(worker.run(shutdown=stop.wait()))
+    await worker.wait_started()
+    print("ready", flush=True)
+    await task
+    out.flush()
+    await pool.close()
+
+
+async def suite_latency(bench: Bench, dsn: str) -> None:
+    rate, producers, seconds = 500, 4, max(2.0, 10.0 * bench.scale)
+    print(f"pickup latency ({producers} producers, {rate} jobs/s, single-job enqueue)", flush=True)
+    pool = await create_pool(dsn, min_size=producers + 2, max_size=producers + 2)
+    runs: dict[str, list[float]] = {}
+    try:
+        for _ in range(bench.repeats):
+            await _reset(pool)
+            delays = await _latency_run(pool, dsn, producers, rate, seconds)
+            for q in (50, 95, 99):
+                runs.setdefault(f"pickup p{q}", []).append(_quantile(delays, q / 100))
+            runs.setdefault("enqueue rate", []).append(len(delays) / seconds)
+    finally:
+        await pool.close()
+    for key in ("p50", "p95", "p99"):
+        title = f"pickup latency {key} at {rate} jobs/s"
+        bench.add(Result(f"pickup {key}", "ms", runs[f"pickup {key}"], extra={"title": title}))
+    title = "achieved enqueue rate"
+    bench.add(Result("enqueue rate", "jobs/s", runs["enqueue rate"], extra={"title": title}))
+
+
+async def _latency_run(
+    pool: asyncpg.Pool, dsn: str, producers: int, rate: int, seconds: float
+) -> list[float]:
+    """Milliseconds from each enqueue's commit to its handler's start, sorted."""
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pgfleet.bench",
+        "--child-latency",
+        "16",
+        dsn,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    assert child.stdin is not None
+    if (await child.stdout.readline()).strip() != b"ready":
+        raise RuntimeError("latency worker failed to start")
+    started: dict[str, float] = {}
+    expected: dict[str, float] = {}
+    all_seen = asyncio.Event()
+
+    async def read_starts(stream: asyncio.StreamReader) -> None:
+        async for raw in stream:
+            job_id, _, at = raw.decode().partition(" ")
+            started[job_id] = float(at)
+            if expected and len(started) >= len(expected):
+                all_seen.set()
+
+    reader = asyncio.get_running_loop().create_task(read_starts(child.stdout))
+    expected.update(await _paced_producers(Queue(pool), producers, rate, seconds))
+    if len(started) < len(expected):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(all_seen.wait(), 30)
+    child.stdin.write(b"stop\n")
+    await child.stdin.drain()
+    await child.wait()
+    await reader
+    missing = len(expected) - len(started.keys() & expected.keys())
+    if missing:
+        raise RuntimeError(f"{missing} jobs did not run")
+    return sorted((started[job_id] - t) * 1000 for job_id, t in expected.items())
+
+
+async def _paced_producers(
+    queue: Queue, producers: int, rate: int, seconds: float
+) -> dict[str, float]:
+    """Each producer enqueues at rate/producers per second on a fixed schedule and
+    notes the wall clock right after the commit."""
+    committed: dict[str, float] = {}
+    interval = producers / rate
+    begin = time.perf_counter() + 0.05
+
+    async def producer(offset: float) -> None:
+        n = 0
+        while True:
+            due = begin + offset + n * interval
+            if due - begin > seconds:
+                return
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            job_id = await queue.enqueue("noop", None)
+            committed[str(job_id)] = time.time()
+            n += 1
+
+    await asyncio.gather(*(producer(i * interval / producers) for i in range(producers)))
+    await queue.flush_notifications()
+    return committed
+
+
+def _quantile(values: list[float], q: float) -> float:
+    index = min(len(values) - 1, max(0, round(q * (len(values) - 1))))
+    return values[index]
+
+
+# ---------------------------------------------------------------- retained history suite
+
+
+async def suite_retention(bench: Bench, dsn: str) -> None:
+    retained = bench.n(1_000_000)
+    total = bench.n(20_000)
+    print(f"claim rate with {retained:,} finished jobs retained vs an empty table", flush=True)
+    pool = await create_pool(dsn, min_size=4, max_size=8)
+    runs: dict[str, list[float]] = {}
+    try:
+        await _reset(pool)
+        for _ in range(bench.repeats):
+            await _reset(pool)
+            await _fill(pool, total)
+            runs.setdefault("claim empty", []).append(await _drain_in_process(pool, 64))
+        await _reset(pool)
+        await pool.execute(benchsql.FILL_FINISHED, retained)
+        await pool.execute(benchsql.VACUUM_JOBS)
+        for _ in range(bench.repeats):
+            await _fill(pool, total)
+            runs.setdefault("claim retained", []).append(await _drain_in_process(pool, 64))
+    finally:
+        await pool.close()
+    bench.add(
+        Result(
+            "claim empty", "jobs/s", runs["claim empty"], extra={"title": "drain c64, empty table"}
+        )
+    )
+    bench.add(
+        Result(
+            "claim retained",
+            "jobs/s",
+            runs["claim retained"],
+            reference="claim empty",
+            extra={"title": f"drain c64, {retained:,} finished jobs retained"},
+        )
+    )
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -235,7 +556,8 @@ def _report(bench: Bench) -> dict[str, Any]:
             ratio = r.median / by_name[r.reference].median
         title = r.extra.get("title", r.name)
         tail = f"  {ratio:6.0%} of {r.reference}" if ratio is not None else ""
-        print(f"  {title:<48} {r.median:>11,.0f} {r.unit}{tail}")
+        digits = 2 if r.unit == "ms" else 0
+        print(f"  {title:<48} {r.median:>11,.{digits}f} {r.unit}{tail}")
         rows.append(
             {
                 "name": r.name,
@@ -257,6 +579,7 @@ def _report(bench: Bench) -> dict[str, Any]:
         "repeats": bench.repeats,
         "scale": bench.scale,
         "results": rows,
+        "facts": bench.facts,
     }
 
 
@@ -286,6 +609,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 SUITE_FUNCTIONS: dict[str, Callable[[Bench, str], Awaitable[None]]] = {
     "enqueue": suite_enqueue,
+    "drain": suite_drain,
+    "latency": suite_latency,
+    "retention": suite_retention,
 }
 
 
@@ -312,3 +638,21 @@ def main(args: argparse.Namespace) -> None:
         with open(args.json_path, "w", encoding="utf-8") as fh:
             json.dump(report, fh, indent=2, default=str)
         print(f"wrote {args.json_path}")
+
+
+def _child_main(argv: list[str]) -> None:
+    """Hidden entry points for the benchmark's own worker processes."""
+    mode, concurrency, dsn = argv[0], int(argv[1]), argv[2]
+    from pgfleet.service.worker_cmd import install_uvloop
+
+    install_uvloop()
+    if mode == "--child-drain":
+        asyncio.run(_child_drain(concurrency, dsn))
+    elif mode == "--child-latency":
+        asyncio.run(_latency_child(dsn, concurrency))
+    else:
+        raise SystemExit(f"unknown benchmark child mode {mode}")
+
+
+if __name__ == "__main__":
+    _child_main(sys.argv[1:])

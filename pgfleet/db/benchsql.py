@@ -59,3 +59,24 @@ RAW_COMPLETE = (
     "UPDATE bench_raw.jobs SET status = 'succeeded', finished_at = now(), locked_at = NULL "
     "WHERE id = ANY($1::bigint[])"
 )
+
+# A retained history of finished jobs, written directly (1 M rows take seconds, not
+# the minutes the queue would need to produce them).
+FILL_FINISHED = """
+INSERT INTO pgfleet.jobs (id, name, payload, status, attempt, max_attempts, run_at,
+                          created_at, started_at, finished_at)
+SELECT gen_random_uuid(), 'noop', '{}', 'succeeded', 1, 25, t, t, t, t
+FROM (SELECT now() - make_interval(secs => g) AS t FROM generate_series(1, $1) AS g) s
+"""
+TABLE_STATS = """
+SELECT pg_total_relation_size('pgfleet.jobs') AS total_bytes,
+       pg_relation_size('pgfleet.jobs') AS heap_bytes,
+       COALESCE(s.n_dead_tup, 0) AS dead_tuples,
+       COALESCE(s.n_live_tup, 0) AS live_tuples
+FROM pg_stat_user_tables s WHERE s.schemaname = 'pgfleet' AND s.relname = 'jobs'
+"""
+VACUUM_JOBS = "VACUUM (ANALYZE) pgfleet.jobs"
+RAW_FILL = (
+    "INSERT INTO bench_raw.jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, $1)"
+)
+PING = "SELECT 1"

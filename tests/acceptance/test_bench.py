@@ -1,0 +1,54 @@
+"""`pgfleet bench` runs end to end at a tiny scale (speed is measured by `make bench`,
+never asserted in tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.pgharness import Server
+from tests.procs import start
+
+pytestmark = pytest.mark.slow
+
+
+async def test_bench_runs_every_suite_and_writes_json(pg_server: Server, tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    name = f"pgfleet_bench_t{os.getpid()}"
+    proc = await start(
+        [
+            "bench",
+            "--dsn",
+            pg_server.admin_dsn,
+            "--database",
+            name,
+            "--repeats",
+            "1",
+            "--scale",
+            "0.005",
+            "--json",
+            str(out),
+        ],
+        tmp_path,
+        "bench",
+    )
+    assert await proc.process.wait() == 0, proc.output()[-3000:]
+    report = json.loads(out.read_text())
+    names = {r["name"] for r in report["results"]}
+    for expected in (
+        "raw single",
+        "batch",
+        "32 producers coalesced",
+        "drain c1",
+        "drain c64",
+        "drain 2 processes c64",
+        "pickup p99",
+        "claim retained",
+    ):
+        assert expected in names
+    assert all(r["median"] > 0 for r in report["results"])
+    assert report["facts"]["after drain"]["table_bytes"] > 0
+    assert "summary (medians)" in proc.output()
