@@ -85,6 +85,12 @@ class WorkerConfig:
     listen: bool = True
     #: Take part in the election of the worker that runs fleet-wide maintenance.
     lead: bool = True
+    #: Let the leader VACUUM (ANALYZE) the jobs table when dead tuples pile up:
+    #: "auto" only when autovacuum is off for it, "always", or "never".
+    vacuum: str = "auto"
+    vacuum_interval: float | timedelta = 60.0
+    #: Dead tuples below this (or below a fifth of the live ones) are left alone.
+    vacuum_min_dead_tuples: int = 10_000
     #: How often cron schedules are checked (intervals shorter than this are capped).
     cron_poll_interval: float | timedelta = 5.0
     #: At shutdown, how long to keep trying to write outcomes to an unreachable database.
@@ -104,6 +110,7 @@ class WorkerConfig:
             "backoff_cap",
             "cron_poll_interval",
             "completion_flush_timeout",
+            "vacuum_interval",
         ):
             object.__setattr__(self, name, _seconds(getattr(self, name), name))
         for name in ("finished_job_retention", "default_timeout"):
@@ -118,6 +125,13 @@ class WorkerConfig:
         j = self.backoff_jitter
         if isinstance(j, bool) or not isinstance(j, int | float) or not 0 <= j <= 1:
             raise InvalidOptions(f"backoff_jitter must be between 0 and 1, got {j!r}")
+        if self.vacuum not in ("auto", "always", "never"):
+            raise InvalidOptions(f"vacuum must be 'auto', 'always' or 'never', got {self.vacuum!r}")
+        v = self.vacuum_min_dead_tuples
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise InvalidOptions(
+                f"vacuum_min_dead_tuples must be a non-negative integer, got {v!r}"
+            )
         b = self.prune_batch_size
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 100_000:
             raise InvalidOptions(f"prune_batch_size must be from 1 to 100000, got {b!r}")
@@ -285,6 +299,9 @@ class Worker:
             prune_interval=cfg.seconds("prune_interval"),
             prune_batch_size=cfg.prune_batch_size,
             rescue_batch_size=1000,
+            vacuum=cfg.vacuum,
+            vacuum_interval=cfg.seconds("vacuum_interval"),
+            vacuum_min_dead=cfg.vacuum_min_dead_tuples,
             events=self._events,
             wake=self._notify_fleet,
             clock=time.monotonic,

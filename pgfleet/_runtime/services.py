@@ -176,6 +176,9 @@ class Maintenance(Periodic):
         prune_interval: float,
         prune_batch_size: int,
         rescue_batch_size: int,
+        vacuum: str,
+        vacuum_interval: float,
+        vacuum_min_dead: int,
         events: WorkerEvents,
         wake: Callable[[], Awaitable[None]],
         clock: Callable[[], float],
@@ -191,8 +194,13 @@ class Maintenance(Periodic):
         self._wake = wake
         self._clock = clock
         self._last_prune = float("-inf")
+        self._vacuum = vacuum
+        self._vacuum_interval = vacuum_interval
+        self._vacuum_min_dead = vacuum_min_dead
+        self._last_vacuum_check = float("-inf")
         self.rescued = 0
         self.pruned = 0
+        self.vacuums = 0
 
     async def run_once(self) -> None:
         if not self._is_leader():
@@ -202,6 +210,9 @@ class Maintenance(Periodic):
         if self._retention is not None and now - self._last_prune >= self._prune_interval:
             self._last_prune = now
             await self.prune()
+        if self._vacuum != "never" and now - self._last_vacuum_check >= self._vacuum_interval:
+            self._last_vacuum_check = now
+            await self.vacuum_if_needed()
 
     async def rescue(self) -> int:
         """Recover the jobs of workers whose heartbeat expired."""
@@ -248,3 +259,28 @@ class Maintenance(Periodic):
             self.pruned += total
             log.info("pruned %d finished jobs older than %.0fs", total, self._retention)
         return total
+
+    async def vacuum_if_needed(self) -> bool:
+        """VACUUM (ANALYZE) the jobs table when it carries many dead tuples and
+        nothing else will clean them: autovacuum is off (``vacuum="auto"``), or
+        always (``vacuum="always"``). A queue rewrites every row it holds twice, so
+        without vacuum its dead tuples and index bloat grow without bound."""
+        with translate_errors("vacuum check"):
+            row = await self._pool.fetchrow(Q.jobs_table_health.sql)
+        if row is None:
+            return False
+        if self._vacuum == "auto" and row["autovacuum"]:
+            return False
+        dead, live = int(row["dead_tuples"]), int(row["live_tuples"])
+        if dead < max(self._vacuum_min_dead, live // 5):
+            return False
+        try:
+            with translate_errors("vacuum"):
+                await self._pool.execute(Q.jobs_vacuum.sql)
+        except Exception as exc:
+            log.warning("could not vacuum pgfleet.jobs (%s); not trying again", exc)
+            self._vacuum = "never"
+            return False
+        self.vacuums += 1
+        log.info("vacuumed pgfleet.jobs: %d dead tuples (%d live)", dead, live)
+        return True

@@ -88,6 +88,8 @@ class Queries:
     job_release_unknown: Query
     queue_stats: Query
     workers_alive: Query
+    jobs_table_health: Query
+    jobs_vacuum: Query
 
     def __init__(self, loaded: dict[str, Query]) -> None:
         declared = set(type(self).__annotations__)

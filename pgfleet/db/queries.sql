@@ -369,3 +369,18 @@ FROM queued q FULL JOIN running r USING (name) FULL JOIN dead d USING (name);
 
 -- name: workers_alive :val
 SELECT count(*) FROM pgfleet.workers WHERE expires_at > now();
+
+-- name: jobs_table_health :one
+-- Whether Postgres' autovacuum looks after pgfleet.jobs, and how many dead tuples
+-- it carries. A queue turns over every row it holds: without vacuum, dead tuples
+-- and index bloat grow without bound.
+SELECT current_setting('autovacuum')::boolean
+           AND COALESCE((SELECT option_value::boolean FROM pg_options_to_table(c.reloptions)
+                         WHERE option_name = 'autovacuum_enabled'), true) AS autovacuum,
+       COALESCE(s.n_dead_tup, 0) AS dead_tuples,
+       COALESCE(s.n_live_tup, 0) AS live_tuples
+FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
+WHERE c.oid = 'pgfleet.jobs'::regclass;
+
+-- name: jobs_vacuum :exec
+VACUUM (ANALYZE) pgfleet.jobs;

@@ -93,6 +93,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             flag, type=float, default=env_default(env, default), help=f"{text} [PGFLEET_{env}]"
         )
     parser.add_argument(
+        "--vacuum",
+        choices=["auto", "always", "never"],
+        default=env_default("VACUUM", "auto"),
+        help="leader vacuums the jobs table when dead tuples pile up: auto (only when "
+        "autovacuum is off), always, never [PGFLEET_VACUUM]",
+    )
+    parser.add_argument(
         "--pool-size",
         type=int,
         default=env_default("POOL_SIZE", 0),
@@ -164,6 +171,7 @@ def build_config(args: argparse.Namespace) -> Any:
         backoff_cap=number("backoff_cap"),
         cron_poll_interval=number("cron_poll_interval"),
         listen=not args.no_listen,
+        vacuum=args.vacuum,
     )
 
 

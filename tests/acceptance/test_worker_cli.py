@@ -1,0 +1,132 @@
+"""`pgfleet worker` and `pgfleet migrate` refuse bad input with a clear message and a
+non-zero exit, before touching anything."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from tests.procs import start
+
+pytestmark = pytest.mark.slow
+
+
+async def run(
+    args: list[str], tmp_path: Path, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    proc = await start(args, tmp_path, "cli", env=env)
+    code = await proc.process.wait()
+    return code, proc.output()
+
+
+APP = "tests.apps.runtime_app:registry"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["worker", "--dsn", "mysql://x/y", "--app", APP], "invalid database URL 'mysql://x/y'"),
+        (
+            ["worker", "--dsn", "mysql://u:s3cret@host/db", "--app", APP],
+            "invalid database URL 'host/db'",
+        ),
+        (["worker", "--dsn", "postgresql://h:port/db", "--app", APP], "invalid database URL"),
+        (["worker", "--app", APP], "no database: pass --dsn or set PGFLEET_DATABASE_URL"),
+        (["worker", "--dsn", "postgresql://h/db"], "no application"),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", "no.such.module:r"],
+            "cannot import 'no.such.module'",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", "tests.apps.runtime_app:nope"],
+            "has no attribute 'nope'",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", "tests.apps.runtime_app"],
+            "must look like module.path:attribute",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", "tests.apps.runtime_app:SCHEMA"],
+            "is a str, not a pgfleet.Registry",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--concurrency", "0"],
+            "concurrency must be an integer from 1 to 10000",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--kinds", "ghost"],
+            "job_names ['ghost'] have no handler",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--processes", "0"],
+            "--processes out of range",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--metrics-port", "70000"],
+            "--metrics-port out of range",
+        ),
+        (
+            ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--poll-interval", "-1"],
+            "poll_interval must be positive",
+        ),
+        (
+            ["migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x"],
+            "cannot connect to the database",
+        ),
+    ],
+)
+async def test_bad_input_is_refused_clearly(args: list[str], message: str, tmp_path: Path) -> None:
+    code, output = await run(args, tmp_path, env={"PGFLEET_DATABASE_URL": ""})
+    assert code != 0
+    assert message in output, output[-2000:]
+    assert "Traceback" not in output
+    assert "s3cret" not in output
+
+
+async def test_env_configures_the_worker_and_flags_override(tmp_path: Path) -> None:
+    code, output = await run(
+        ["worker", "--concurrency", "0"],
+        tmp_path,
+        env={
+            "PGFLEET_DATABASE_URL": "postgresql://h/db",
+            "PGFLEET_APP": APP,
+            "PGFLEET_CONCURRENCY": "4",
+        },
+    )
+    assert code != 0 and "concurrency must be an integer from 1 to 10000" in output
+
+
+async def test_a_metrics_port_in_use_is_a_clear_error(database: str, tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code, output = await run(
+            ["worker", "--dsn", database, "--app", APP, "--metrics-port", str(port)], tmp_path
+        )
+    assert code != 0
+    assert f"cannot listen on 127.0.0.1:{port} for metrics and health" in output
+    assert "Traceback" not in output
+
+
+async def test_an_unmigrated_database_is_refused(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    await pool.execute("DROP SCHEMA pgfleet CASCADE")
+    code, output = await run(
+        ["worker", "--dsn", database, "--app", APP, "--metrics-port", "0"], tmp_path
+    )
+    assert code != 0 and "run pgfleet.migrate(pool) or `pgfleet migrate`" in output
+    code, output = await run(["migrate", "--dsn", database], tmp_path)
+    assert code == 0 and "applied migrations [1]" in output
+    code, output = await run(["migrate", "--dsn", database], tmp_path)
+    assert code == 0 and "up to date" in output
+
+
+async def test_migrate_print_sql(tmp_path: Path) -> None:
+    code, output = await run(["migrate", "--print-sql"], tmp_path)
+    assert code == 0
+    assert "CREATE TABLE pgfleet.jobs" in output and output.rstrip().endswith("COMMIT;")

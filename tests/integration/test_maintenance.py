@@ -1,0 +1,169 @@
+"""Leader-only maintenance (pruning, vacuum, rescue) and per-job tracing."""
+
+from __future__ import annotations
+
+import uuid
+
+import asyncpg
+import pytest
+
+from pgfleet import EnqueueOptions, EnqueueRequest, Job, Queue, Registry, Worker, WorkerConfig
+from pgfleet.testing import drain
+from tests.apps import runtime_app
+from tests.helpers import put_in_state, register_worker
+from tests.integration.conftest import Recorder, running_worker
+
+FAST = dict(poll_interval=0.2, heartbeat_interval=0.5, dead_worker_timeout=2.0)
+
+
+async def test_the_leader_prunes_old_finished_jobs_in_batches(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    old = await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(25)])
+    fresh = await queue.enqueue("record", {})
+    running = await queue.enqueue("record", {})
+    for job_id in old:
+        await put_in_state(pool, job_id, "succeeded", finished_ago_s=7200)
+    await put_in_state(pool, fresh, "failed", finished_ago_s=10)
+    await put_in_state(pool, running, "running")
+    worker = Worker(
+        pool,
+        runtime_app.registry,
+        WorkerConfig(finished_job_retention=3600, prune_batch_size=10, **FAST),
+    )
+    await worker.heartbeat.run_once()  # registers and, alone, takes the leadership
+    assert worker.is_leader
+    assert await worker.maintenance.prune() == 25
+    left = {r["id"] for r in await pool.fetch("SELECT id FROM pgfleet.jobs")}
+    assert left == {fresh, running}
+    await worker.heartbeat.deregister()
+
+
+async def test_only_one_worker_leads(pool: asyncpg.Pool) -> None:
+    workers = [Worker(pool, runtime_app.registry, WorkerConfig(**FAST)) for _ in range(3)]
+    for w in workers:
+        await w.heartbeat.run_once()
+    assert [w.is_leader for w in workers] == [True, False, False]
+    # A follower does nothing in maintenance, even if asked.
+    await workers[1].maintenance.run_once()
+    assert workers[1].maintenance.rescued == 0
+    # The leader resigns when it deregisters; the next heartbeat elects another.
+    await workers[0].heartbeat.deregister()
+    await workers[1].heartbeat.run_once()
+    assert workers[1].is_leader
+    for w in workers[1:]:
+        await w.heartbeat.deregister()
+
+
+async def test_rescue_requeues_or_buries_jobs_of_expired_workers(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    dead_worker = uuid.uuid4()
+    await register_worker(pool, dead_worker, alive=False)
+    again = await queue.enqueue("record", {})
+    buried = await queue.enqueue("record", {}, options=EnqueueOptions(max_attempts=1))
+    await put_in_state(pool, again, "running", worker_id=dead_worker, attempt=1)
+    await put_in_state(pool, buried, "running", worker_id=dead_worker, attempt=1)
+    rec = Recorder()
+    leader = Worker(pool, runtime_app.registry, WorkerConfig(**FAST), events=rec)
+    await leader.heartbeat.run_once()
+    assert await leader.maintenance.rescue() == 2
+    a, b = await queue.get(again), await queue.get(buried)
+    assert a is not None and a.status.value == "queued" and a.attempt == 1
+    assert a.last_error is not None and "stopped heartbeating during attempt 1" in a.last_error
+    assert b is not None and b.status.value == "failed"
+    assert rec.rescued == 2
+    assert [w.id for w in await queue.workers()] == [leader.id]  # the dead one is gone
+    await leader.heartbeat.deregister()
+
+
+@pytest.mark.parametrize("mode", ["always", "never"])
+async def test_the_leader_vacuums_the_jobs_table(pool: asyncpg.Pool, mode: str) -> None:
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(300)])
+    await drain(pool, runtime_app.registry)
+    worker = Worker(
+        pool,
+        runtime_app.registry,
+        WorkerConfig(vacuum=mode, vacuum_min_dead_tuples=0, **FAST),
+    )
+    await worker.heartbeat.run_once()
+    before = await pool.fetchval(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
+    )
+    await worker.maintenance.run_once()
+    after = await pool.fetchval(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
+    )
+    assert worker.maintenance.vacuums == (1 if mode == "always" else 0)
+    assert after - before == worker.maintenance.vacuums
+    await worker.heartbeat.deregister()
+
+
+async def test_vacuum_auto_leaves_tables_that_autovacuum_covers(pool: asyncpg.Pool) -> None:
+    await pool.execute("ALTER TABLE pgfleet.jobs SET (autovacuum_enabled = true)")
+    autovacuum_on = await pool.fetchval("SELECT current_setting('autovacuum')::boolean")
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(300)])
+    await drain(pool, runtime_app.registry)
+    worker = Worker(pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=0, **FAST))
+    await worker.heartbeat.run_once()
+    vacuumed = await worker.maintenance.vacuum_if_needed()
+    # Vacuumed exactly when the server's autovacuum is off (as on this test machine).
+    assert vacuumed is (not autovacuum_on)
+    await worker.heartbeat.deregister()
+
+
+def test_bad_vacuum_settings() -> None:
+    from pgfleet import InvalidOptions
+
+    with pytest.raises(InvalidOptions, match="vacuum must be 'auto', 'always' or 'never'"):
+        WorkerConfig(vacuum="sometimes")
+    with pytest.raises(InvalidOptions, match="vacuum_min_dead_tuples"):
+        WorkerConfig(vacuum_min_dead_tuples=-1)
+
+
+async def test_each_job_runs_in_a_span_without_its_payload(pool: asyncpg.Pool) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    registry = Registry()
+    inside: list[object] = []
+
+    @registry.job("traced")
+    async def traced(job: Job, payload: dict[str, str]) -> None:
+        inside.append(trace.get_current_span().get_span_context().span_id)
+
+    from pgfleet._runtime import tracing
+
+    original = tracing._tracer
+    tracing._tracer = lambda: provider.get_tracer("pgfleet")  # type: ignore[assignment]
+    try:
+        job_id = await Queue(pool).enqueue("traced", {"secret": "hunter2"})
+        await drain(pool, registry)
+    finally:
+        tracing._tracer = original  # type: ignore[assignment]
+    (span,) = exporter.get_finished_spans()
+    assert span.name == "pgfleet.job traced"
+    assert span.attributes is not None
+    assert span.attributes["pgfleet.job.id"] == str(job_id)
+    assert span.attributes["pgfleet.job.attempt"] == 1
+    assert "hunter2" not in repr(dict(span.attributes))
+    assert inside == [span.context.span_id]  # the handler ran inside the span
+
+
+async def test_a_worker_running_as_leader_rescues_in_the_background(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    dead_worker = uuid.uuid4()
+    await register_worker(pool, dead_worker, alive=False)
+    job_id = await queue.enqueue("record", {})
+    await put_in_state(pool, job_id, "running", worker_id=dead_worker, attempt=1)
+    rec = Recorder()
+    async with running_worker(pool, runtime_app.registry, WorkerConfig(**FAST), rec):
+        await rec.until(lambda: len(rec.outcomes("succeeded")) == 1)
+    job = await queue.get(job_id)
+    assert job is not None and job.status.value == "succeeded" and job.attempt == 2
+    assert rec.rescued == 1
