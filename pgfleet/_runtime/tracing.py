@@ -8,8 +8,9 @@ from typing import Any
 
 from pgfleet.jobs import Job
 
+_trace: Any
 try:
-    from opentelemetry import trace as _trace
+    import opentelemetry.trace as _trace
 except ImportError:  # pragma: no cover - exercised where the package is absent
     _trace = None
 

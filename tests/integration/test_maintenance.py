@@ -13,7 +13,7 @@ from tests.apps import runtime_app
 from tests.helpers import put_in_state, register_worker
 from tests.integration.conftest import Recorder, running_worker
 
-FAST = dict(poll_interval=0.2, heartbeat_interval=0.5, dead_worker_timeout=2.0)
+FAST = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
 
 
 async def test_the_leader_prunes_old_finished_jobs_in_batches(pool: asyncpg.Pool) -> None:
