@@ -220,7 +220,7 @@ class Worker:
         self._crons = list(crons)
         self._cron_service: Any = None
         if self._crons:
-            from pgfleet.cron import CronService  # type: ignore[import-not-found,unused-ignore]
+            from pgfleet.cron import CronService
 
             self._cron_service = CronService(pool, registry, self._crons, self.config)
         cfg = self.config

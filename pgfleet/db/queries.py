@@ -86,6 +86,11 @@ class Queries:
     claim_session_begin: Query
     claim_session_end: Query
     job_release_unknown: Query
+    cron_now: Query
+    cron_register: Query
+    cron_get: Query
+    cron_advance: Query
+    cron_record_job: Query
 
     def __init__(self, loaded: dict[str, Query]) -> None:
         declared = set(type(self).__annotations__)
