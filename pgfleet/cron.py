@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import random
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
@@ -658,6 +659,7 @@ class CronService(Periodic):
         clock) and not yet handed out."""
         self._until_next = None
         at = await self._now() if now is None else _aware(now, "now")
+        sampled = time.monotonic()
         for entry in self._entries:
             occurrence = due_occurrence(entry.cron, entry.last, at)
             if occurrence is None:
@@ -674,7 +676,8 @@ class CronService(Periodic):
                     exc,
                 )
         upcoming = min(next_occurrence(e.cron, max(at, e.last or at)) for e in self._entries)
-        self._until_next = (upcoming - at).total_seconds()
+        # Measured from when `at` was read: a slow round must not sleep past a slot.
+        self._until_next = (upcoming - at).total_seconds() - (time.monotonic() - sampled)
 
     def next_wait(self) -> float:
         wait = self.interval * random.uniform(0.9, 1.0)
