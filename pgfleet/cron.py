@@ -496,7 +496,7 @@ class Outcome(enum.StrEnum):
     TAKEN = "taken"
     #: The stored definition under this id is not this worker's.
     SUPERSEDED = "superseded"
-    #: The schedule's row was gone (deleted by hand): it was recorded again.
+    #: The schedule's row was gone (deleted by hand); ``run_once`` records it again.
     MISSING = "missing"
 
 
@@ -641,15 +641,17 @@ class CronService(Periodic):
                 cron.job_name,
             )
 
-    def _superseded(self, entry: _Entry, stored: str) -> None:
+    def _superseded(self, entry: _Entry, row: Any) -> None:
+        stored = f"{row['definition']!r} for job {row['job_name']}"
         if stored not in entry.foreign:
             entry.foreign.add(stored)
             log.warning(
-                "cron %s: the database holds definition %r, not this worker's %r (another "
+                "cron %s: the database holds %s, not this worker's %r for job %s (another "
                 "worker runs a changed schedule); this worker does not enqueue it",
                 entry.cron.id,
                 stored,
                 entry.definition,
+                entry.cron.job_name,
             )
 
     # ------------------------------------------------------------ rounds
@@ -705,7 +707,7 @@ class CronService(Periodic):
         with translate_errors("cron"):
             async with self._pool.acquire() as conn, conn.transaction():
                 advanced = await conn.fetchval(
-                    Q.cron_advance.sql, cron.id, entry.definition, occurrence
+                    Q.cron_advance.sql, cron.id, entry.definition, cron.job_name, occurrence
                 )
                 if advanced is None:
                     row = await conn.fetchrow(Q.cron_get.sql, cron.id)
@@ -742,8 +744,8 @@ class CronService(Periodic):
             return Outcome.MISSING
         stored: datetime = row["last_occurrence"]
         entry.last = max(occurrence, stored)
-        if row["definition"] != entry.definition:
-            self._superseded(entry, row["definition"])
+        if row["definition"] != entry.definition or row["job_name"] != entry.cron.job_name:
+            self._superseded(entry, row)
             return Outcome.SUPERSEDED
         log.debug(
             "cron %s: occurrence %s was already enqueued by another worker",

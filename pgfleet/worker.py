@@ -85,7 +85,8 @@ class WorkerConfig:
     listen: bool = True
     #: Take part in the election of the worker that runs fleet-wide maintenance.
     lead: bool = True
-    #: How often cron schedules are checked (intervals shorter than this are capped).
+    #: Cron schedules are checked at least this often (and just after each
+    #: occurrence); interval schedules shorter than this are capped to it.
     cron_poll_interval: float | timedelta = 5.0
     #: At shutdown, how long to keep trying to write outcomes to an unreachable database.
     completion_flush_timeout: float | timedelta = 30.0

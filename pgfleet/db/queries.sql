@@ -376,14 +376,14 @@ SELECT id, job_name, definition, last_occurrence, last_job_id
 FROM pgfleet.crons WHERE id = $1;
 
 -- name: cron_advance :val
--- Hands occurrence $3 of schedule $1 to the calling transaction, which enqueues
+-- Hands occurrence $4 of schedule $1 to the calling transaction, which enqueues
 -- its job before committing. A compare-and-set on the schedule's row: concurrent
 -- callers wait for the row lock and then find last_occurrence no longer earlier
--- than $3, so exactly one transaction per occurrence gets a row back, and a caller
--- with a lagging clock (an earlier $3) never does. Refused as well when the stored
--- definition is not $2 (another worker runs a changed schedule).
-UPDATE pgfleet.crons SET last_occurrence = $3, updated_at = now()
-WHERE id = $1 AND definition = $2 AND last_occurrence < $3
+-- than $4, so exactly one transaction per occurrence gets a row back, and a caller
+-- with a lagging clock (an earlier $4) never does. Refused as well when the stored
+-- definition and job name are not $2 and $3 (another worker runs a changed schedule).
+UPDATE pgfleet.crons SET last_occurrence = $4, updated_at = now()
+WHERE id = $1 AND definition = $2 AND job_name = $3 AND last_occurrence < $4
 RETURNING last_occurrence;
 
 -- name: cron_record_job :val

@@ -368,3 +368,18 @@ async def test_next_wait_aims_just_after_the_next_occurrence(pool: asyncpg.Pool)
     await svc.run_once(now=T0 + timedelta(seconds=8))  # 1.5 s before the next
     assert 1.0 < svc.next_wait() < 1.7
     assert next_occurrence(cron, T0) == T0.replace(microsecond=0) + timedelta(seconds=10)
+
+
+async def test_a_changed_job_name_takes_over_the_schedule(pool: asyncpg.Pool) -> None:
+    old = CronJob.interval("renamed", "record", MINUTE).options(overlap=True)
+    new = CronJob.interval("renamed", "sync_record", MINUTE).options(overlap=True)
+    a = service(pool, old)
+    await a.prepare(now=T0)
+    b = service(pool, new)
+    await b.prepare(now=T0 + timedelta(seconds=5))
+    row = await cron_row(pool, "renamed")
+    assert row["job_name"] == "sync_record"
+    assert row["last_occurrence"] == latest_occurrence(old, T0)  # the slots go on
+    assert await a.hand_out("renamed", T0.replace(microsecond=0) + MINUTE) is Outcome.SUPERSEDED
+    await b.run_once(now=T0 + MINUTE)
+    assert [r["name"] for r in await cron_jobs(pool)] == ["sync_record"]
