@@ -600,10 +600,11 @@ class CronService(Periodic):
         for entry in self._entries:
             await self._record(entry, at)
 
-    async def _record(self, entry: _Entry, now: datetime) -> None:
+    async def _record(self, entry: _Entry, now: datetime, *, catch_up: bool = True) -> None:
         cron = entry.cron
+        catch_up = catch_up and cron.catch_up
         latest = latest_occurrence(cron, now)
-        marker = previous_occurrence(cron, latest) if cron.catch_up else latest
+        marker = previous_occurrence(cron, latest) if catch_up else latest
         with translate_errors("cron prepare"):
             row = await self._pool.fetchrow(
                 Q.cron_register.sql, cron.id, cron.job_name, entry.definition, marker, latest
@@ -622,7 +623,7 @@ class CronService(Periodic):
                 entry.definition,
                 cron.job_name,
                 f"catching up on {latest.isoformat()}"
-                if cron.catch_up
+                if catch_up
                 else f"first occurrence {upcoming.isoformat()}",
             )
         elif row["previous_definition"] != entry.definition:
@@ -669,7 +670,9 @@ class CronService(Periodic):
             try:
                 outcome = await self.hand_out(entry.cron.id, occurrence)
                 if outcome is Outcome.MISSING:
-                    await self._record(entry, at)
+                    # Recorded again from now on: this worker has been running the
+                    # schedule, so its latest occurrence may well have run already.
+                    await self._record(entry, at, catch_up=False)
             except Exception as exc:
                 log.warning(
                     "cron %s: could not enqueue occurrence %s (retried next round): %s",
@@ -677,6 +680,8 @@ class CronService(Periodic):
                     occurrence.isoformat(),
                     exc,
                 )
+        if not self._entries:
+            return
         upcoming = min(next_occurrence(e.cron, max(at, e.last or at)) for e in self._entries)
         # Measured from when `at` was read: a slow round must not sleep past a slot.
         self._until_next = (upcoming - at).total_seconds() - (time.monotonic() - sampled)
