@@ -4,6 +4,7 @@ Delivery is at-least-once: make handlers idempotent (see the README).
 """
 
 from pgfleet.context import current_job, is_shutting_down, shutdown_requested, worker_started_at
+from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday
 from pgfleet.db.migrate import Migration, migrate, migration_script, migrations
 from pgfleet.errors import (
     DatabaseUnavailable,
@@ -38,6 +39,8 @@ from pgfleet.worker import RunStats, Worker, WorkerConfig
 __version__ = "0.1.0"
 
 __all__ = [
+    "CronJob",
+    "DailySchedule",
     "DatabaseUnavailable",
     "DuplicateJobKey",
     "EnqueueOptions",
@@ -51,6 +54,7 @@ __all__ = [
     "JobStatus",
     "Migration",
     "MigrationError",
+    "MonthlySchedule",
     "NotifyMode",
     "PayloadDecodeError",
     "PayloadError",
@@ -63,6 +67,7 @@ __all__ = [
     "SchemaNotReady",
     "UnknownJobName",
     "ValidationError",
+    "Weekday",
     "Worker",
     "WorkerConfig",
     "WorkerEvents",

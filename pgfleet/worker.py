@@ -91,7 +91,8 @@ class WorkerConfig:
     vacuum_interval: float | timedelta = 60.0
     #: Dead tuples below this (or below a fifth of the live ones) are left alone.
     vacuum_min_dead_tuples: int = 10_000
-    #: How often cron schedules are checked (intervals shorter than this are capped).
+    #: Cron schedules are checked at least this often (and just after each
+    #: occurrence); interval schedules shorter than this are capped to it.
     cron_poll_interval: float | timedelta = 5.0
     #: At shutdown, how long to keep trying to write outcomes to an unreachable database.
     completion_flush_timeout: float | timedelta = 30.0
@@ -263,7 +264,7 @@ class Worker:
         self.on_enqueued: Any = None
         self._cron_service: Any = None
         if self._crons:
-            from pgfleet.cron import CronService  # type: ignore[import-not-found,unused-ignore]
+            from pgfleet.cron import CronService
 
             self._cron_service = CronService(pool, registry, self._crons, self.config)
         cfg = self.config
@@ -354,7 +355,8 @@ class Worker:
         self._burst = burst
         stop = asyncio.ensure_future(shutdown) if shutdown is not None else None
         try:
-            await self._start(stop)
+            if not await self._start(stop):
+                return self.stats
             claim = asyncio.get_running_loop().create_task(self._claim_loop(), name="pgfleet-claim")
             waiters: list[asyncio.Future[Any]] = [claim]
             if stop is not None:
@@ -375,7 +377,9 @@ class Worker:
 
     # ------------------------------------------------------------ lifecycle
 
-    async def _start(self, stop: asyncio.Future[Any] | None) -> None:
+    async def _start(self, stop: asyncio.Future[Any] | None) -> bool:
+        """Register and start the services; False if told to stop before that
+        could happen (the database stayed unreachable)."""
         context.install_log_record_factory()
         delay = 0.5
         while True:
@@ -383,6 +387,8 @@ class Worker:
                 async with self._pool.acquire() as conn:
                     await check_schema(conn)
                 await self._heartbeat.run_once()
+                if self._cron_service is not None:
+                    await self._cron_service.prepare()
                 break
             except SchemaNotReady:
                 raise
@@ -395,7 +401,8 @@ class Worker:
                 if stop is not None:
                     done, _ = await asyncio.wait([stop], timeout=delay)
                     if done:
-                        raise asyncio.CancelledError from None
+                        log.info("worker %s stopped before it could start", self.id)
+                        return False
                 else:
                     await asyncio.sleep(delay)
                 delay = min(delay * 2, 30.0)
@@ -421,9 +428,9 @@ class Worker:
         self._heartbeat.start()
         self._maintenance.start()
         if self._cron_service is not None:
-            await self._cron_service.prepare()
             self._cron_service.start()
         self._started.set()
+        return True
 
     async def _drain(self, claim: asyncio.Task[None] | None, grace: float) -> None:
         """Stop claiming, give running handlers ``grace`` seconds, cancel the rest

@@ -47,6 +47,10 @@ class Periodic:
             self._loop(), name=f"pgfleet-{self.name}"
         )
 
+    def next_wait(self) -> float:
+        """Seconds until the next round: the interval, with a little jitter."""
+        return self.interval * random.uniform(0.9, 1.1)
+
     def kick(self) -> None:
         """Run a round now instead of waiting for the interval."""
         self._kick.set()
@@ -65,7 +69,7 @@ class Periodic:
                 log.warning("%s round failed: %s", self.name, exc)
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._kick.wait(), self.interval * random.uniform(0.9, 1.1))
+                await asyncio.wait_for(self._kick.wait(), self.next_wait())
 
 
 @dataclass(frozen=True, slots=True)

@@ -90,6 +90,11 @@ class Queries:
     workers_alive: Query
     jobs_table_health: Query
     jobs_vacuum: Query
+    cron_now: Query
+    cron_register: Query
+    cron_get: Query
+    cron_advance: Query
+    cron_record_job: Query
 
     def __init__(self, loaded: dict[str, Query]) -> None:
         declared = set(type(self).__annotations__)

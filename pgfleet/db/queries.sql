@@ -384,3 +384,59 @@ WHERE c.oid = 'pgfleet.jobs'::regclass;
 
 -- name: jobs_vacuum :exec
 VACUUM (ANALYZE) pgfleet.jobs;
+-- ---------------------------------------------------------------- cron
+
+-- name: cron_now :val
+-- The reference clock of every cron decision.
+SELECT now();
+
+-- name: cron_register :one
+-- Records a schedule definition. A new id is inserted with $4 as the latest
+-- occurrence already handed out. A changed definition (or job name) under an
+-- existing id replaces the stored one; its last occurrence only ever moves forward
+-- (to $5, the latest occurrence of the new definition), so no occurrence is handed
+-- out twice and the new schedule starts from its next occurrence. Returns no row
+-- when the stored definition and job name are already these.
+WITH prior AS (
+    SELECT definition, job_name FROM pgfleet.crons WHERE id = $1
+)
+INSERT INTO pgfleet.crons AS c (id, job_name, definition, last_occurrence)
+VALUES ($1, $2, $3, $4)
+ON CONFLICT (id) DO UPDATE
+    SET job_name = EXCLUDED.job_name,
+        definition = EXCLUDED.definition,
+        last_occurrence = CASE WHEN c.definition = EXCLUDED.definition THEN c.last_occurrence
+                               ELSE greatest(c.last_occurrence, $5::timestamptz) END,
+        updated_at = now()
+    WHERE c.definition <> EXCLUDED.definition OR c.job_name <> EXCLUDED.job_name
+RETURNING (c.xmax = 0) AS inserted, c.definition, c.last_occurrence,
+          (SELECT p.definition FROM prior p) AS previous_definition,
+          (SELECT p.job_name FROM prior p) AS previous_job_name;
+
+-- name: cron_get :one
+SELECT id, job_name, definition, last_occurrence, last_job_id
+FROM pgfleet.crons WHERE id = $1;
+
+-- name: cron_advance :val
+-- Hands occurrence $4 of schedule $1 to the calling transaction, which enqueues
+-- its job before committing. A compare-and-set on the schedule's row: concurrent
+-- callers wait for the row lock and then find last_occurrence no longer earlier
+-- than $4, so exactly one transaction per occurrence gets a row back, and a caller
+-- with a lagging clock (an earlier $4) never does. Refused as well when the stored
+-- definition and job name are not $2 and $3 (another worker runs a changed schedule).
+UPDATE pgfleet.crons SET last_occurrence = $4, updated_at = now()
+WHERE id = $1 AND definition = $2 AND job_name = $3 AND last_occurrence < $4
+RETURNING last_occurrence;
+
+-- name: cron_record_job :val
+-- Remembers the job an occurrence went to. True when that job was created by this
+-- transaction (false: an earlier job holding the key absorbed the occurrence); a
+-- new job wakes the workers.
+WITH recorded AS (
+    UPDATE pgfleet.crons SET last_job_id = $2 WHERE id = $1
+), job AS (
+    SELECT j.created_at = now() AS inserted FROM pgfleet.jobs j WHERE j.id = $2
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '') FROM job WHERE inserted
+)
+SELECT COALESCE((SELECT inserted FROM job), false) AND (SELECT count(*) FROM wake) >= 0;

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -56,10 +56,13 @@ async def running_worker(
     registry: Registry,
     config: WorkerConfig | None = None,
     events: WorkerEvents | None = None,
+    crons: Sequence[Any] = (),
 ) -> AsyncIterator[tuple[Worker, Any]]:
     """A worker running in a background task; stops gracefully on exit."""
     stop = asyncio.Event()
-    worker = Worker(pool, registry, config or WorkerConfig(poll_interval=0.2), events=events)
+    worker = Worker(
+        pool, registry, config or WorkerConfig(poll_interval=0.2), events=events, crons=crons
+    )
     task = asyncio.create_task(worker.run(shutdown=stop.wait()))
     try:
         yield worker, task
