@@ -90,6 +90,8 @@ class Queries:
     workers_alive: Query
     jobs_table_health: Query
     jobs_vacuum: Query
+    lease_acquire: Query
+    lease_release: Query
     cron_now: Query
     cron_register: Query
     cron_get: Query

@@ -440,3 +440,21 @@ WITH recorded AS (
     SELECT pg_notify('pgfleet_jobs', '') FROM job WHERE inserted
 )
 SELECT COALESCE((SELECT inserted FROM job), false) AND (SELECT count(*) FROM wake) >= 0;
+
+-- name: lease_acquire :val
+-- Take or renew the lease on a role; true when $2 holds it afterwards.
+WITH taken AS (
+    INSERT INTO pgfleet.leases (role, holder, expires_at)
+    VALUES ($1, $2, now() + make_interval(secs => $3::float8))
+    ON CONFLICT (role) DO UPDATE
+        SET holder = EXCLUDED.holder,
+            expires_at = EXCLUDED.expires_at,
+            acquired_at = CASE WHEN pgfleet.leases.holder = EXCLUDED.holder
+                               THEN pgfleet.leases.acquired_at ELSE now() END
+        WHERE pgfleet.leases.holder = EXCLUDED.holder OR pgfleet.leases.expires_at < now()
+    RETURNING holder
+)
+SELECT EXISTS (SELECT 1 FROM taken);
+
+-- name: lease_release :exec
+DELETE FROM pgfleet.leases WHERE role = $1 AND holder = $2;

@@ -70,6 +70,7 @@ class Server:
         self.port = port
         self.what = what
         self._runner: web.AppRunner | None = None
+        self.on_stop: list[Callable[[], Awaitable[None]]] = []
 
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
@@ -87,6 +88,9 @@ class Server:
         log.info("%s listening on http://%s:%d", self.what, self.host, self.port)
 
     async def stop(self) -> None:
+        for hook in self.on_stop:
+            with contextlib.suppress(Exception):
+                await hook()
         if self._runner is not None:
             with contextlib.suppress(Exception):
                 await self._runner.cleanup()
@@ -102,4 +106,7 @@ def metrics_server(
 ) -> Server:
     app = web.Application()
     metrics_routes(app, registry, stats, lambda: database_ready(pool))
-    return Server(app, host, port, "metrics and health")
+    server = Server(app, host, port, "metrics and health")
+    if stats is not None:
+        server.on_stop.append(stats.release)
+    return server

@@ -4,7 +4,8 @@ Per-process series (counters, histograms, the active-jobs gauge) come from runti
 events and cost a few dictionary operations on the event loop: the claim loop never
 waits on an exporter. Queue-level gauges (queued, scheduled, running, oldest age,
 dead, workers alive) come from the database at scrape time and are exported only by
-the fleet's leader, so a fleet of replicas scraped together reports each kind once.
+the holder of the fleet's ``metrics`` lease, so a fleet of replicas scraped together
+reports each kind once.
 
 Labels are the job name (``kind``), the outcome and the wakeup source: never job
 ids, payloads or worker ids.
@@ -12,8 +13,10 @@ ids, payloads or worker ids.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -175,32 +178,49 @@ class WorkerMetrics(WorkerEvents):
 class QueueStats(Collector):
     """Queue-level gauges from the database, refreshed right before each scrape.
 
-    ``refresh`` runs the (async) query; ``collect`` (called synchronously by
-    prometheus_client while rendering) yields the last result. A process that is
-    not the leader yields nothing, so replicas never double count.
+    Every process that serves metrics (workers and API processes alike) carries
+    one, and they compete for the ``metrics`` lease at scrape time: only the holder
+    runs the query and exports the gauges, so replicas scraped together report each
+    kind once, and the gauges outlive the loss of every worker as long as any
+    process is scraped. ``refresh`` is async; ``collect`` (called synchronously by
+    prometheus_client while rendering) yields the last result.
     """
 
-    def __init__(self, pool: Any, is_leader: Callable[[], bool], known_kinds: Iterable[str] = ()):
+    ROLE = "metrics"
+
+    def __init__(self, pool: Any, known_kinds: Iterable[str] = (), lease: float = 45.0):
         self._pool = pool
-        self._is_leader = is_leader
         self._known = set(known_kinds)
+        self._lease = lease
+        self.holder = uuid.uuid4()
+        self.holding = False
         self._rows: list[Any] | None = None
         self._alive: int = 0
         self._took = 0.0
 
     async def refresh(self) -> None:
-        if not self._is_leader():
-            self._rows = None
-            return
         start = time.perf_counter()
         try:
             async with self._pool.acquire() as conn:
-                self._rows = list(await conn.fetch(Q.queue_stats.sql))
-                self._alive = int(await conn.fetchval(Q.workers_alive.sql))
+                self.holding = bool(
+                    await conn.fetchval(Q.lease_acquire.sql, self.ROLE, self.holder, self._lease)
+                )
+                if self.holding:
+                    self._rows = list(await conn.fetch(Q.queue_stats.sql))
+                    self._alive = int(await conn.fetchval(Q.workers_alive.sql))
+                else:
+                    self._rows = None
         except Exception as exc:
             log.warning("queue-level metrics unavailable: %s", exc)
             self._rows = None
         self._took = time.perf_counter() - start
+
+    async def release(self) -> None:
+        """Give the lease up at shutdown so another process takes over at once."""
+        if self.holding:
+            with contextlib.suppress(Exception):
+                await self._pool.execute(Q.lease_release.sql, self.ROLE, self.holder)
+            self.holding = False
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         rows = self._rows

@@ -270,7 +270,7 @@ def _metrics(args: argparse.Namespace, worker: Any, pool: Any, registry: Any, co
     events = WorkerMetrics(metrics, lambda: worker.active_jobs, config.concurrency)
     events.prime(worker.served_names)
     worker.add_events(events)
-    stats = QueueStats(pool, lambda: worker.is_leader, registry.names())
+    stats = QueueStats(pool, registry.names())
     prom.register(stats)
     worker.on_enqueued = metrics.count_enqueued
     return metrics_server(args.metrics_host, int(args.metrics_port), prom, stats, pool)

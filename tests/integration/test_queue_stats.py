@@ -1,0 +1,61 @@
+"""The queue-level metrics collector: one exporter per fleet through a lease."""
+
+from __future__ import annotations
+
+import asyncpg
+from prometheus_client import CollectorRegistry, generate_latest
+
+from pgfleet import EnqueueOptions, Queue
+from pgfleet.service.metrics import QueueStats
+from tests.helpers import put_in_state
+
+
+def exported(stats: QueueStats) -> dict[str, float]:
+    registry = CollectorRegistry()
+    registry.register(stats)
+    out = {}
+    for line in generate_latest(registry).decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+async def test_one_collector_exports_and_another_takes_over(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.enqueue("a", {})
+    await queue.enqueue("a", {}, options=EnqueueOptions(delay=600))
+    dead = await queue.enqueue("b", {})
+    await put_in_state(pool, dead, "failed")
+    first = QueueStats(pool, known_kinds={"a", "c"}, lease=60)
+    second = QueueStats(pool, known_kinds={"a"}, lease=60)
+    await first.refresh()
+    await second.refresh()
+    assert first.holding and not second.holding
+    assert exported(second) == {}
+    metrics = exported(first)
+    assert metrics['pgfleet_jobs_queued{kind="a"}'] == 1
+    assert metrics['pgfleet_jobs_scheduled{kind="a"}'] == 1
+    assert metrics['pgfleet_jobs_dead{kind="b"}'] == 1
+    assert metrics['pgfleet_jobs_queued{kind="c"}'] == 0  # known kinds report zeros
+    assert metrics['pgfleet_oldest_queued_job_age_seconds{kind="c"}'] == 0
+    assert metrics["pgfleet_queue_collector_up"] == 1
+    # The holder gives the lease up at shutdown: the next scrape elsewhere takes it.
+    await first.release()
+    await second.refresh()
+    assert second.holding
+    await first.refresh()
+    assert not first.holding
+
+
+async def test_an_expired_lease_moves_to_a_live_process(pool: asyncpg.Pool) -> None:
+    gone = QueueStats(pool, lease=60)
+    live = QueueStats(pool, lease=60)
+    await gone.refresh()
+    assert gone.holding
+    # The holder died without releasing; its lease runs out.
+    await pool.execute("UPDATE pgfleet.leases SET expires_at = now() - interval '1 second'")
+    await live.refresh()
+    assert live.holding
+    await gone.refresh()
+    assert not gone.holding
