@@ -1,0 +1,272 @@
+"""docker-compose.yml: accepted by docker-compose, and the facts the fleet promises.
+
+There is no Docker engine here: `docker-compose config` validates and interpolates
+the file without one. The facts are read from the file itself (anchors merged).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fleet.support import COMPOSE, DEPLOY, ROOT, binary, env_without, load_yaml, run
+
+SECRETS = {
+    "POSTGRES_PASSWORD": "throwaway-postgres",
+    "GRAFANA_ADMIN_PASSWORD": "throwaway-grafana",
+    "PGFLEET_API_TOKEN": "throwaway-token",
+}
+OPTIONAL = (
+    "PGFLEET_API_BIND",
+    "PGFLEET_API_PUBLISHED_PORT",
+    "GRAFANA_BIND",
+    "GRAFANA_PUBLISHED_PORT",
+    "PGFLEET_IMAGE_TAG",
+)
+
+
+def compose_config(
+    tmp_path: Path, values: dict[str, str], *extra: str
+) -> subprocess.CompletedProcess[str]:
+    env_file = tmp_path / "throwaway.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    # --env-file replaces ./.env, so a developer's own .env never leaks in.
+    return run(
+        [
+            binary("docker-compose"),
+            "--env-file",
+            str(env_file),
+            "-f",
+            str(COMPOSE),
+            *extra,
+            "config",
+        ],
+        cwd=ROOT,
+        env=env_without(*SECRETS, *OPTIONAL),
+    )
+
+
+def volume_mounts(volumes: list[str]) -> dict[str, str]:
+    """{source: target} of short-syntax volumes ("src:/target[:ro]")."""
+    return {v.split(":")[0]: v.split(":")[1] for v in volumes}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    data: dict[str, Any] = load_yaml(COMPOSE)
+    return data
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, Any]:
+    result: dict[str, Any] = compose["services"]
+    return result
+
+
+# --- docker-compose itself --------------------------------------------------------
+
+
+def test_docker_compose_config_accepts_the_file(tmp_path: Path) -> None:
+    result = compose_config(tmp_path, SECRETS)
+    assert result.returncode == 0, result.stderr
+    resolved = yaml.safe_load(result.stdout)
+    assert {"postgres", "migrate", "worker", "api", "prometheus", "grafana"} <= set(
+        resolved["services"]
+    )
+    # Published ports resolve to loopback by default.
+    for name in ("api", "grafana"):
+        for port in resolved["services"][name]["ports"]:
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+
+
+def test_docker_compose_config_accepts_the_loadtest_profile(tmp_path: Path) -> None:
+    result = compose_config(tmp_path, SECRETS, "--profile", "loadtest")
+    assert result.returncode == 0, result.stderr
+    assert "locust" in yaml.safe_load(result.stdout)["services"]
+
+
+@pytest.mark.parametrize("missing", sorted(SECRETS))
+def test_compose_refuses_to_run_without_each_secret(tmp_path: Path, missing: str) -> None:
+    values = {k: v for k, v in SECRETS.items() if k != missing}
+    result = compose_config(tmp_path, values)
+    assert result.returncode != 0
+    assert missing in result.stderr + result.stdout
+
+
+# --- images -------------------------------------------------------------------------
+
+
+def test_every_image_is_pinned_to_an_explicit_version(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        image = service.get("image")
+        assert image, f"{name} has no image name"
+        assert "latest" not in image, f"{name}: {image!r}"
+        if "build" in service:
+            # Built here from worker/Dockerfile, whose base is pinned (test_image.py);
+            # tagged locally.
+            assert service["build"]["dockerfile"] == "worker/Dockerfile", name
+            assert re.fullmatch(r"pgfleet(-loadtest)?:\$\{PGFLEET_IMAGE_TAG:-local\}", image)
+        else:
+            # PostgreSQL releases are major.minor (16.6); everything else major.minor.patch.
+            version = r"\d+\.\d+" if image.startswith("postgres:") else r"v?\d+\.\d+\.\d+"
+            assert re.fullmatch(r"[a-z0-9/._-]+:" + version + r"(-[a-z0-9.]+)?", image), (
+                f"{name}: {image!r} is not pinned to an exact version"
+            )
+
+
+# --- health and order -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["postgres", "worker", "api", "prometheus", "grafana"])
+def test_long_running_services_have_healthchecks(services: dict[str, Any], name: str) -> None:
+    check = services[name]["healthcheck"]
+    assert not check.get("disable"), name
+    assert check["test"][0] in ("CMD", "CMD-SHELL"), name
+
+
+def test_postgres_is_checked_with_pg_isready_and_keeps_its_data(
+    compose: dict[str, Any], services: dict[str, Any]
+) -> None:
+    postgres = services["postgres"]
+    assert "pg_isready" in postgres["healthcheck"]["test"]
+    (volume,) = postgres["volumes"]
+    name, _, target = volume.partition(":")
+    assert target == "/var/lib/postgresql/data"
+    assert name in compose["volumes"], "a named volume, not a host path"
+
+
+def test_pgfleet_healthchecks_hit_healthz_on_the_metrics_ports(services: dict[str, Any]) -> None:
+    assert services["worker"]["healthcheck"]["test"][-2:] == ["/app/worker/healthcheck.py", "9464"]
+    assert services["api"]["healthcheck"]["test"][-2:] == ["/app/worker/healthcheck.py", "9465"]
+    assert services["api"]["environment"]["PGFLEET_API_METRICS_PORT"] == "9465"
+
+
+def test_start_order(services: dict[str, Any]) -> None:
+    assert services["migrate"]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    for name in ("worker", "api"):
+        assert services[name]["depends_on"] == {
+            "migrate": {"condition": "service_completed_successfully"}
+        }, name
+    assert services["migrate"]["command"] == ["pgfleet", "migrate"]
+    assert services["migrate"]["restart"] == "no"
+
+
+# --- the worker replicas ----------------------------------------------------------------
+
+
+def test_worker_runs_three_scalable_replicas_reachable_by_prometheus(
+    services: dict[str, Any],
+) -> None:
+    worker = services["worker"]
+    assert worker["deploy"]["replicas"] == 3
+    assert "container_name" not in worker, "a fixed name prevents --scale"
+    assert "ports" not in worker, "worker metrics stay on the compose network"
+    env = worker["environment"]
+    assert env["PGFLEET_METRICS_HOST"] == "0.0.0.0"
+    assert env["PGFLEET_METRICS_PORT"] == "9464"
+    assert env["PGFLEET_APP"] == "worker.app:registry"
+    assert env["PGFLEET_CRONS"] == "worker.app:crons"
+
+
+def test_no_service_has_a_fixed_container_name(services: dict[str, Any]) -> None:
+    assert [n for n, s in services.items() if "container_name" in s] == []
+
+
+# --- what reaches the host ----------------------------------------------------------------
+
+
+def test_only_api_and_grafana_are_published_and_on_loopback(services: dict[str, Any]) -> None:
+    published = {n for n, s in services.items() if s.get("ports")}
+    assert published == {"api", "grafana"}
+    for name in published:
+        for port in services[name]["ports"]:
+            assert re.match(r"\$\{\w+:-127\.0\.0\.1\}:", str(port)), (name, port)
+    for name, service in services.items():
+        assert "expose" not in service, name
+        assert service.get("network_mode") != "host", name
+
+
+def test_no_metrics_port_is_published(services: dict[str, Any]) -> None:
+    for name, service in services.items():
+        for port in service.get("ports", []):
+            container_port = str(port).rsplit(":", 1)[-1].split("/")[0]
+            assert container_port not in ("9464", "9465", "9090"), (name, port)
+
+
+# --- secrets ----------------------------------------------------------------------------
+
+
+def test_passwords_have_no_working_default() -> None:
+    text = COMPOSE.read_text()
+    assert "${POSTGRES_PASSWORD:?" in text
+    assert "${GRAFANA_ADMIN_PASSWORD:?" in text
+    for var in ("POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD", "PGFLEET_API_TOKEN"):
+        for use in re.findall(r"\$\{" + var + r"([^}]*)\}", text):
+            assert use.startswith(":?"), f"${{{var}{use}}} would start with a default"
+
+
+def test_postgres_and_grafana_take_their_passwords_from_the_environment(
+    services: dict[str, Any],
+) -> None:
+    assert services["postgres"]["environment"]["POSTGRES_PASSWORD"].startswith(
+        "${POSTGRES_PASSWORD:?"
+    )
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GRAFANA_ADMIN_PASSWORD:?")
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == "false"
+    assert grafana["GF_USERS_ALLOW_SIGN_UP"] == "false"
+
+
+def test_env_example_holds_placeholders_and_env_is_ignored() -> None:
+    example = (ROOT / ".env.example").read_text()
+    values = dict(
+        line.split("=", 1)
+        for line in example.splitlines()
+        if line and not line.startswith("#") and "=" in line
+    )
+    assert set(SECRETS) <= set(values)
+    for key in SECRETS:
+        assert values[key].startswith("change-me"), key
+    assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+# --- prometheus, grafana, locust ----------------------------------------------------------
+
+
+def test_prometheus_loads_the_deploy_config_and_rules(services: dict[str, Any]) -> None:
+    prometheus = services["prometheus"]
+    assert "ports" not in prometheus
+    mounts = volume_mounts(prometheus["volumes"])
+    assert mounts["./deploy/prometheus.yml"] == "/etc/prometheus/prometheus.yml"
+    assert mounts["./deploy/rules"] == "/etc/prometheus/rules"
+    assert "--config.file=/etc/prometheus/prometheus.yml" in prometheus["command"]
+    config = load_yaml(DEPLOY / "prometheus.yml")
+    for rule_file in config["rule_files"]:
+        assert rule_file.startswith("rules/"), rule_file  # i.e. /etc/prometheus/rules/...
+        assert (DEPLOY / rule_file).is_file(), rule_file
+
+
+def test_grafana_is_provisioned_from_the_repo(services: dict[str, Any]) -> None:
+    grafana = services["grafana"]
+    mounts = volume_mounts(grafana["volumes"])
+    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
+    assert mounts["./grafana/dashboards"] == "/etc/grafana/dashboards"
+    provider = load_yaml(ROOT / "grafana/provisioning/dashboards/pgfleet.yml")["providers"][0]
+    assert provider["options"]["path"] == "/etc/grafana/dashboards"
+    home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
+    assert (ROOT / "grafana/dashboards" / Path(home).name).is_file()
+
+
+def test_locust_is_only_in_the_loadtest_profile(services: dict[str, Any]) -> None:
+    locust = services["locust"]
+    assert locust["profiles"] == ["loadtest"]
+    assert locust["environment"]["LOCUST_LOCUSTFILE"] == "/app/loadtest/locustfile.py"
+    assert "./loadtest:/app/loadtest" in locust["volumes"]
+    for name, service in services.items():
+        if name != "locust":
+            assert "profiles" not in service, name

@@ -1,0 +1,188 @@
+"""worker/Dockerfile (no engine here to build it: its facts are read from the text)
+and the health check script the image runs."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from tests.fleet.support import DOCKERFILE, ROOT, free_port
+
+HEALTHCHECK = ROOT / "worker" / "healthcheck.py"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs with line continuations joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    result = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        word, _, rest = line.partition(" ")
+        result.append((word.upper(), rest.strip()))
+    return result
+
+
+def stages() -> dict[str, list[tuple[str, str]]]:
+    """Instructions per stage name, in order (the last one is the default target)."""
+    result: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] | None = None
+    for word, rest in instructions():
+        if word == "FROM":
+            match = re.fullmatch(r"(\S+) AS (\S+)", rest, re.IGNORECASE)
+            assert match, f"every stage is named: FROM {rest}"
+            current = result[match.group(2)] = [("FROM", match.group(1))]
+        elif current is not None:
+            current.append((word, rest))
+    return result
+
+
+def final_stage_chain() -> list[list[tuple[str, str]]]:
+    """The default target and the stages it is built FROM, default target first."""
+    all_stages = stages()
+    chain = [all_stages[list(all_stages)[-1]]]
+    while chain[-1][0][1] in all_stages:
+        chain.append(all_stages[chain[-1][0][1]])
+    return chain
+
+
+def test_base_image_is_a_pinned_slim_python() -> None:
+    args = dict(
+        rest.split("=", 1) for word, rest in instructions() if word == "ARG" and "=" in rest
+    )
+    base = args["PYTHON_IMAGE"]
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-(bookworm|trixie)", base), base
+    for _stage, body in stages().items():
+        image = body[0][1]
+        assert image == "${PYTHON_IMAGE}" or image in stages(), image
+
+
+def test_multi_stage_with_wheels_built_apart_from_the_final_image() -> None:
+    all_stages = stages()
+    assert list(all_stages)[-1] == "runtime", "the default target runs pgfleet"
+    builder = " ".join(rest for _w, rest in all_stages["builder"])
+    assert "build-essential" in builder
+    assert "pip wheel" in builder and "'.[service]'" in builder, "uvloop comes with [service]"
+    for body in final_stage_chain():
+        for word, rest in body:
+            assert not (word == "RUN" and "apt-get install" in rest), (
+                f"no build tools in the final image: {rest}"
+            )
+    runtime = all_stages["runtime"]
+    assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
+
+
+def test_final_image_runs_as_a_non_root_user() -> None:
+    users = [rest for word, rest in final_stage_chain()[0] if word == "USER"]
+    assert users, "USER is set in the runtime stage"
+    assert users[-1].split(":")[0] not in ("0", "root")
+
+
+def test_healthcheck_hits_healthz_with_python_and_worker_is_the_default_command() -> None:
+    runtime = dict(final_stage_chain()[0])
+    assert "/app/worker/healthcheck.py" in runtime["HEALTHCHECK"]
+    assert '"python"' in runtime["HEALTHCHECK"], "slim images have no curl"
+    assert runtime["CMD"] == '["pgfleet", "worker"]', "exec form, so SIGTERM reaches pgfleet"
+    assert ("COPY", "worker ./worker") in final_stage_chain()[0]
+    assert ("WORKDIR", "/app") in final_stage_chain()[-1]
+
+
+def test_tzdata_comes_from_the_python_package() -> None:
+    assert "tzdata" in DOCKERFILE.read_text()
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'^\s*"tzdata', pyproject, re.MULTILINE), "tzdata is a dependency"
+
+
+def test_dockerignore_allows_only_what_the_image_needs() -> None:
+    lines = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert lines[0] == "*", "an allow-list: .env, .git and .venv never reach the context"
+    allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    assert allowed == {"pyproject.toml", "README.md", "pgfleet", "worker"}
+
+
+# --- the health check script ---------------------------------------------------------
+
+
+@pytest.fixture
+def health_server() -> Iterator[tuple[int, dict[str, Any]]]:
+    state: dict[str, Any] = {"status": 200, "paths": []}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            state["paths"].append(self.path)
+            body = b'{"status": "ok"}'
+            self.send_response(state["status"])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join()
+
+
+def healthcheck(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(HEALTHCHECK), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env or {},
+    )
+
+
+def test_healthcheck_passes_when_healthz_answers(health_server: tuple[int, Any]) -> None:
+    port, state = health_server
+    result = healthcheck(str(port))
+    assert result.returncode == 0, result.stderr
+    assert state["paths"] == ["/healthz"]
+
+
+def test_healthcheck_reads_the_port_from_the_environment(health_server: tuple[int, Any]) -> None:
+    port, _state = health_server
+    assert healthcheck(env={"PGFLEET_METRICS_PORT": str(port)}).returncode == 0
+    assert (
+        healthcheck(env={"PGFLEET_HEALTH_PORT": str(port), "PGFLEET_METRICS_PORT": "1"}).returncode
+        == 0
+    )
+
+
+def test_healthcheck_fails_on_an_error_status(health_server: tuple[int, Any]) -> None:
+    port, state = health_server
+    state["status"] = 503
+    result = healthcheck(str(port))
+    assert result.returncode == 1
+    assert "503" in result.stderr
+
+
+def test_healthcheck_fails_when_nothing_listens() -> None:
+    result = healthcheck(str(free_port()))
+    assert result.returncode == 1
+    assert "healthz" in result.stderr
+
+
+def test_healthcheck_refuses_a_bad_port() -> None:
+    result = healthcheck("not-a-port")
+    assert result.returncode == 1
+    assert "bad port" in result.stderr
