@@ -599,6 +599,20 @@ async def test_database_down_gives_503_and_the_api_keeps_running(
     assert await api.stop() == 0
 
 
+async def test_missing_schema_gives_503_without_retry_after(
+    fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    api = await fleet.api()
+    await pool.execute("DROP SCHEMA pgfleet CASCADE")
+    reply = await post_job(http, api.url, {"name": "record"})
+    assert reply.status == 503
+    assert "pgfleet migrate" in reply.body["error"]
+    assert "Retry-After" not in reply.headers, "retrying cannot help until someone migrates"
+    ready = await call(http, "GET", f"{api.url}/readyz")
+    assert ready.status == 503
+    assert await api.stop() == 0
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
