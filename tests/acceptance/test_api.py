@@ -154,6 +154,9 @@ async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_wri
     fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
 ) -> None:
     api = await fleet.api("--backlog-cap", "3", "--backlog-cap-per-kind", "2", "--retry-after", "7")
+    # A job due later is not runnable backlog: the three after it still fit.
+    later = {"name": "a", "options": {"delay": 3600}}
+    assert (await post_job(http, api.url, later)).status == 202
     for name in ("a", "a", "b"):
         assert (await post_job(http, api.url, {"name": name})).status == 202
     before = await jobs_table(pool)
@@ -173,8 +176,14 @@ async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_wri
     assert "Retry-After" not in too_big.headers
     assert await jobs_table(pool) == before
 
-    # Scheduled jobs are not runnable backlog; a cancelled one frees its place.
-    a_job = before[0][0]
+    # Jobs in the request count whenever they are due, so a scheduled one is refused too.
+    assert (await post_job(http, api.url, {"name": "c", "options": {"delay": 60}})).status == 503
+    assert await jobs_table(pool) == before
+
+    # A cancelled job frees its place.
+    a_job = await pool.fetchval(
+        "SELECT id FROM pgfleet.jobs WHERE name = 'a' AND run_at <= now() LIMIT 1"
+    )
     assert (await call(http, "POST", f"{api.url}/jobs/{a_job}/cancel")).status == 200
     assert (await post_job(http, api.url, {"name": "c"})).status == 202
     assert await api.stop() == 0
