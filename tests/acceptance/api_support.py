@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json as jsonlib
 import os
 import signal
 import socket
@@ -202,9 +203,7 @@ async def call(
     async with session.request(method, url, json=json, data=data, headers=headers) as resp:
         text = await resp.text()
         try:
-            import json as _json
-
-            body = _json.loads(text)
+            body = jsonlib.loads(text)
         except ValueError:
             raise AssertionError(
                 f"{method} {url} -> {resp.status} with a body that is not JSON: {text[:200]!r}"
