@@ -67,6 +67,14 @@ def build_parser() -> argparse.ArgumentParser:
     from pgfleet.service import worker_cmd
 
     worker_cmd.add_arguments(worker)
+    api = sub.add_parser("api", help="serve the HTTP jobs API")
+    from pgfleet.service import api_cmd
+
+    api_cmd.add_arguments(api)
+    jobs = sub.add_parser("jobs", help="list, inspect, cancel and retry jobs (for operators)")
+    from pgfleet.service import jobs_cmd
+
+    jobs_cmd.add_arguments(jobs)
     bench = sub.add_parser("bench", help="measure throughput and latency against raw SQL")
     _add_dsn(bench)
     from pgfleet.bench import add_arguments
@@ -110,6 +118,15 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             check_dsn(args.dsn, "worker")
             raise SystemExit(worker_cmd.main(args))
+        elif args.command == "api":
+            from pgfleet.service import api_cmd
+
+            check_dsn(args.dsn, "api")
+            raise SystemExit(api_cmd.main(args))
+        elif args.command == "jobs":
+            from pgfleet.service import jobs_cmd
+
+            raise SystemExit(jobs_cmd.main(args))
         elif args.command == "bench":
             from pgfleet import bench
 

@@ -270,12 +270,38 @@ class Queue:
             out[JobStatus(r["status"])] = r["n"]
         return out
 
-    async def runnable_backlog(self, name: str | None = None) -> int:
-        """Jobs due now and waiting for a worker, of one name or all."""
+    async def runnable_backlog(self, name: str | None = None, *, at_most: int | None = None) -> int:
+        """Jobs due now and waiting for a worker, of one name or all.
+
+        With ``at_most``, counting stops there: checking a backlog against a cap
+        then costs at most the cap, however deep the backlog is.
+        """
         if name is not None:
             validate_name(name)
+        limit = _count_limit(at_most)
         with translate_errors("runnable_backlog"):
-            return int(await self._pool.fetchval(Q.job_count_queued.sql, name))
+            return int(await self._pool.fetchval(Q.job_count_queued.sql, name, limit))
+
+    async def runnable_backlog_by_name(
+        self, names: Iterable[str], *, at_most: int | None = None
+    ) -> dict[str, int]:
+        """The runnable backlog of each name (each counted up to ``at_most``)."""
+        wanted = sorted({validate_name(n) for n in names})
+        if not wanted:
+            return {}
+        limit = _count_limit(at_most)
+        with translate_errors("runnable_backlog_by_name"):
+            rows = await self._pool.fetch(Q.job_count_queued_by_names.sql, wanted, limit)
+        return {r["name"]: int(r["n"]) for r in rows}
+
+    async def statuses(self, job_ids: Iterable[UUID | str]) -> dict[UUID, JobStatus]:
+        """The current status of each job that exists, by id, in one query."""
+        uids = [u for u in map(_as_uuid, job_ids) if u is not None]
+        if not uids:
+            return {}
+        with translate_errors("statuses"):
+            rows = await self._pool.fetch(Q.job_status_many.sql, uids)
+        return {r["id"]: JobStatus(r["status"]) for r in rows}
 
     async def workers(self) -> list[WorkerInfo]:
         """Registered workers, stale registrations not yet recovered included."""
@@ -413,6 +439,14 @@ def _as_uuid(value: Any) -> UUID | None:
         except ValueError:
             return None
     return None
+
+
+def _count_limit(at_most: int | None) -> int | None:
+    if at_most is None:
+        return None
+    if not isinstance(at_most, int) or isinstance(at_most, bool) or at_most < 0:
+        raise InvalidOptions(f"at_most must be a non-negative integer, got {at_most!r}")
+    return at_most
 
 
 def _names_of(known: Any) -> Collection[str]:

@@ -67,9 +67,11 @@ class Queries:
     notify_jobs: Query
     job_get: Query
     job_status_get: Query
+    job_status_many: Query
     job_list_recent: Query
     job_count_by_status: Query
     job_count_queued: Query
+    job_count_queued_by_names: Query
     job_cancel: Query
     job_retry: Query
     job_reschedule: Query

@@ -95,6 +95,9 @@ SELECT * FROM pgfleet.jobs WHERE id = $1;
 -- name: job_status_get :val
 SELECT status::text FROM pgfleet.jobs WHERE id = $1;
 
+-- name: job_status_many :many
+SELECT id, status::text AS status FROM pgfleet.jobs WHERE id = ANY($1::uuid[]);
+
 -- name: job_list_recent :many
 -- Newest first: ids are UUIDv7, so the primary key orders by creation.
 SELECT * FROM pgfleet.jobs
@@ -107,9 +110,24 @@ LIMIT $3;
 SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs GROUP BY status;
 
 -- name: job_count_queued :val
--- Runnable backlog (optionally of one job name) for admission control.
-SELECT count(*) FROM pgfleet.jobs
-WHERE status = 'queued' AND run_at <= now() AND ($1::text IS NULL OR name = $1);
+-- Runnable backlog (optionally of one job name) for admission control, counted up
+-- to $2 rows (NULL: all) so that a check against a cap costs at most the cap.
+SELECT count(*) FROM (
+    SELECT 1 FROM pgfleet.jobs
+    WHERE status = 'queued' AND run_at <= now() AND ($1::text IS NULL OR name = $1)
+    LIMIT $2::bigint
+) AS runnable;
+
+-- name: job_count_queued_by_names :many
+-- The runnable backlog of each of several job names, each counted up to $2 rows.
+SELECT k.name, (
+    SELECT count(*) FROM (
+        SELECT 1 FROM pgfleet.jobs j
+        WHERE j.status = 'queued' AND j.run_at <= now() AND j.name = k.name
+        LIMIT $2::bigint
+    ) AS runnable
+) AS n
+FROM unnest($1::text[]) AS k(name);
 
 -- ---------------------------------------------------------------- management
 

@@ -64,16 +64,31 @@ def metrics_routes(
 class Server:
     """An aiohttp application on one host:port, started and stopped with the process."""
 
-    def __init__(self, app: web.Application, host: str, port: int, what: str) -> None:
+    def __init__(
+        self,
+        app: web.Application,
+        host: str,
+        port: int,
+        what: str,
+        *,
+        shutdown_timeout: float = 60.0,
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port
         self.what = what
+        #: How long stop() lets requests still in flight finish before cancelling them.
+        self.shutdown_timeout = shutdown_timeout
         self._runner: web.AppRunner | None = None
         self.on_stop: list[Callable[[], Awaitable[None]]] = []
 
     async def start(self) -> None:
-        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        self._runner = web.AppRunner(
+            self.app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=self.shutdown_timeout,
+        )
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
         try:

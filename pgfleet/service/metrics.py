@@ -57,10 +57,28 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ProcessMetrics:
-    """The per-process metrics, registered on one CollectorRegistry."""
+    """The per-process metrics, registered on one CollectorRegistry.
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    Every pgfleet process counts what it enqueues; worker processes (``worker=True``)
+    also carry the job, wakeup and slot series.
+    """
+
+    def __init__(self, registry: CollectorRegistry, *, worker: bool = True) -> None:
         self.registry = registry
+        self.enqueued = Counter(
+            "pgfleet_jobs_enqueued",
+            "Jobs enqueued through this process.",
+            ["kind"],
+            registry=registry,
+        )
+        self.build = Gauge(
+            "pgfleet_build_info", "pgfleet version of this process.", ["version"], registry=registry
+        )
+        self.build.labels(__version__).set(1)
+        if worker:
+            self._worker_series(registry)
+
+    def _worker_series(self, registry: CollectorRegistry) -> None:
         self.duration = Histogram(
             "pgfleet_job_duration_seconds",
             "Handler wall time per attempt, by job name and outcome.",
@@ -80,12 +98,6 @@ class ProcessMetrics:
             "Job attempts finished, by outcome: succeeded, retried, failed, cancelled "
             "(taken away while running: outcome discarded), aborted (stopped at shutdown).",
             ["kind", "outcome"],
-            registry=registry,
-        )
-        self.enqueued = Counter(
-            "pgfleet_jobs_enqueued",
-            "Jobs enqueued through this process.",
-            ["kind"],
             registry=registry,
         )
         self.rescued = Counter(
@@ -109,13 +121,9 @@ class ProcessMetrics:
         )
         self.leader = Gauge(
             "pgfleet_worker_leader",
-            "1 while this process leads the fleet (rescue, pruning, queue-level metrics).",
+            "1 while this process leads the fleet's maintenance (rescue, pruning).",
             registry=registry,
         )
-        self.build = Gauge(
-            "pgfleet_build_info", "pgfleet version of this process.", ["version"], registry=registry
-        )
-        self.build.labels(__version__).set(1)
         for source in ("notify", "poll", "completion", "reconnect"):
             self.wakeups.labels(source)
 

@@ -1,0 +1,391 @@
+"""The HTTP jobs API: seed 004's 202 + Location service, backed by the durable queue.
+
+Accepting a job means it is committed in Postgres: the answer comes after the
+commit, so a 202 survives this process, the workers and the database restarting.
+Every refusal (4xx, 503) happens before anything is written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from pgfleet.errors import (
+    DatabaseUnavailable,
+    DuplicateJobKey,
+    InvalidJobState,
+    JobNotFound,
+    PayloadTooLarge,
+    PgfleetError,
+    SchemaNotReady,
+    ValidationError,
+)
+from pgfleet.jobs import EnqueueRequest, JobStatus
+from pgfleet.queue import Queue
+from pgfleet.service.api_schema import (
+    EnqueueBody,
+    Limits,
+    RequestError,
+    check_content_type,
+    decode_json,
+    parse_enqueue,
+    parse_list_query,
+)
+from pgfleet.service.http import database_ready
+from pgfleet.service.views import job_view
+
+log = logging.getLogger("pgfleet")
+access_log = logging.getLogger("pgfleet.access")
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Request latency: 1 ms .. 30 s (an enqueue waiting on a busy database included).
+LATENCY_BUCKETS = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ApiConfig:
+    """Limits and policies of the jobs API (``pgfleet api`` flags)."""
+
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_batch: int = 1000
+    max_payload_bytes: int = 1024 * 1024
+    #: Refuse with 503 when the runnable backlog would exceed this (0: no cap).
+    backlog_cap: int = 0
+    #: The same, per job name (0: no cap).
+    backlog_cap_per_kind: int = 0
+    #: Seconds in the Retry-After header of a 503 that is worth retrying.
+    retry_after: int = 1
+    #: Bearer token every /jobs request must carry (None: no authentication).
+    auth_token: str | None = None
+    #: Strict mode: the job names that have handlers.
+    known_names: frozenset[str] | None = None
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_batch, self.max_payload_bytes, self.known_names)
+
+
+class ApiMetrics:
+    """Request counts and latency by route template (never by job id)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.requests = Counter(
+            "pgfleet_api_requests",
+            "HTTP requests to the jobs API, by route template and status code.",
+            ["route", "code"],
+            registry=registry,
+        )
+        self.latency = Histogram(
+            "pgfleet_api_request_duration_seconds",
+            "Time to answer a jobs API request, by route template.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+
+    def observe(self, route: str, code: int, seconds: float) -> None:
+        self.requests.labels(route, str(code)).inc()
+        self.latency.labels(route).observe(seconds)
+
+
+class JobsApi:
+    """The aiohttp application of the jobs API over one :class:`Queue`.
+
+    ``drain()`` starts refusing new /jobs requests with 503 "shutting down" and
+    waits for the ones in flight.
+    """
+
+    def __init__(self, queue: Queue, config: ApiConfig, metrics: ApiMetrics | None = None) -> None:
+        self.queue = queue
+        self.config = config
+        self.metrics = metrics
+        self.draining = False
+        self._limits = config.limits
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._token_digest = (
+            None if config.auth_token is None else _digest(config.auth_token.encode("utf-8"))
+        )
+        self._retry_after = {"Retry-After": str(config.retry_after)}
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def application(self) -> web.Application:
+        app = web.Application(
+            client_max_size=self.config.max_body_bytes, middlewares=[self._middleware]
+        )
+        app.router.add_post("/jobs", self.enqueue)
+        app.router.add_get("/jobs", self.list_jobs)
+        app.router.add_get("/jobs/{id}", self.get_job)
+        app.router.add_post("/jobs/{id}/cancel", self.cancel_job)
+        app.router.add_post("/jobs/{id}/retry", self.retry_job)
+        app.router.add_get("/healthz", self.healthz)
+        app.router.add_get("/readyz", self.readyz)
+        return app
+
+    async def drain(self, timeout: float) -> bool:
+        """Refuse new work and wait up to ``timeout`` for requests in flight.
+        True when none is left."""
+        self.draining = True
+        if self._in_flight:
+            log.info("jobs API draining: %d request(s) in flight", self._in_flight)
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            log.warning(
+                "jobs API: %d request(s) still in flight after %.1fs; stopping anyway",
+                self._in_flight,
+                timeout,
+            )
+            return False
+        return True
+
+    # ------------------------------------------------------------ middleware
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        start = time.perf_counter()
+        path = request.path
+        guarded = path == "/jobs" or path.startswith("/jobs/")
+        if guarded:
+            self._in_flight += 1
+            self._idle.clear()
+        try:
+            response = await self._respond(request, handler, guarded)
+        finally:
+            if guarded:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self._idle.set()
+        elapsed = time.perf_counter() - start
+        route = _route_template(request)
+        if self.metrics is not None:
+            self.metrics.observe(route, response.status, elapsed)
+        # Bodies are never logged: payloads may hold personal data or secrets.
+        access_log.info(
+            "%s %s %s %d %.1fms",
+            request.remote,
+            request.method,
+            path,
+            response.status,
+            elapsed * 1000,
+        )
+        return response
+
+    async def _respond(
+        self, request: web.Request, handler: Handler, guarded: bool
+    ) -> web.StreamResponse:
+        try:
+            if guarded:
+                if self.draining:
+                    # No Retry-After: this process is going away, not overloaded.
+                    raise RequestError(503, "shutting down")
+                self._authorize(request)
+            return await handler(request)
+        except RequestError as exc:
+            return _error_response(exc)
+        except web.HTTPException as exc:  # routing: unknown path, wrong method
+            return _http_exception_response(exc)
+        except PgfleetError as exc:
+            return _error_response(self._library_error(exc))
+        except Exception:
+            log.exception("jobs API: %s %s failed", request.method, request.path)
+            return _error_response(RequestError(500, "internal error"))
+
+    def _authorize(self, request: web.Request) -> None:
+        expected = self._token_digest
+        if expected is None:
+            return
+        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+        # Digests of equal length, compared in constant time: neither the token nor
+        # its length leaks through timing.
+        given = _digest(credentials.strip().encode("utf-8", "surrogateescape"))
+        if not (scheme.lower() == "bearer" and hmac.compare_digest(given, expected)):
+            raise RequestError(
+                401,
+                "missing or invalid bearer token: send Authorization: Bearer <token>",
+                headers={"WWW-Authenticate": 'Bearer realm="pgfleet"'},
+            )
+
+    def _library_error(self, exc: PgfleetError) -> RequestError:
+        if isinstance(exc, JobNotFound):
+            return RequestError(404, str(exc), {"id": str(exc.job_id)})
+        if isinstance(exc, InvalidJobState):
+            return RequestError(
+                409,
+                str(exc),
+                {"id": str(exc.job_id), "status": exc.status, "allowed": list(exc.allowed)},
+            )
+        if isinstance(exc, DuplicateJobKey):
+            return RequestError(409, str(exc), {"job_key": exc.job_key})
+        if isinstance(exc, PayloadTooLarge):
+            return RequestError(413, str(exc))
+        if isinstance(exc, ValidationError):
+            return RequestError(422, str(exc))
+        if isinstance(exc, DatabaseUnavailable):
+            log.warning("jobs API: %s", exc)
+            return RequestError(503, "database unavailable", headers=self._retry_after)
+        if isinstance(exc, SchemaNotReady):
+            log.error("jobs API: %s", exc)
+            return RequestError(503, "database schema not ready: run `pgfleet migrate`")
+        log.error("jobs API: %s", exc)
+        return RequestError(500, "internal error")
+
+    # ------------------------------------------------------------ handlers
+
+    async def enqueue(self, request: web.Request) -> web.Response:
+        body = parse_enqueue(await self._read_json(request), self._limits)
+        await self._admit(body)
+        if not body.batch:
+            req = body.requests[0]
+            job_id = await self.queue.enqueue(req.name, req.payload, options=req.options)
+            status = (await self._statuses(body.requests, [job_id]))[0]
+            return web.json_response(
+                {"id": str(job_id), "status": status},
+                status=202,
+                headers={"Location": f"/jobs/{job_id}"},
+            )
+        ids = await self.queue.enqueue_many(body.requests)
+        statuses = await self._statuses(body.requests, ids)
+        jobs = [{"id": str(i), "status": s} for i, s in zip(ids, statuses, strict=True)]
+        return web.json_response({"jobs": jobs}, status=202)
+
+    async def get_job(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        job = await self.queue.get(job_id)
+        if job is None:
+            raise RequestError(404, f"no job with id {job_id}", {"id": job_id})
+        return web.json_response(job_view(job))
+
+    async def cancel_job(self, request: web.Request) -> web.Response:
+        return web.json_response(job_view(await self.queue.cancel(request.match_info["id"])))
+
+    async def retry_job(self, request: web.Request) -> web.Response:
+        return web.json_response(job_view(await self.queue.retry(request.match_info["id"])))
+
+    async def list_jobs(self, request: web.Request) -> web.Response:
+        query = parse_list_query(request.query)
+        jobs = await self.queue.recent(query.limit, status=query.status, name=query.name)
+        return web.json_response({"jobs": [job_view(j) for j in jobs]})
+
+    async def healthz(self, _request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def readyz(self, _request: web.Request) -> web.Response:
+        if self.draining:
+            return web.json_response({"status": "shutting down"}, status=503)
+        problem = await database_ready(self.queue.pool)
+        if problem is None:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not ready", "reason": problem}, status=503)
+
+    # ------------------------------------------------------------ helpers
+
+    async def _read_json(self, request: web.Request) -> Any:
+        check_content_type(request.content_type, request.charset)
+        limit = self.config.max_body_bytes
+        length = request.content_length
+        if length is not None and length > limit:
+            raise _body_too_large(length, limit)
+        try:
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _body_too_large(None, limit) from None
+        return decode_json(raw)
+
+    async def _admit(self, body: EnqueueBody) -> None:
+        """Refuse (503 + Retry-After) work that would take the runnable backlog over
+        its cap. The check precedes the insert, so concurrent requests can overshoot
+        a cap by their own size: a soft cap, exact when requests come one at a time."""
+        cap, per_kind = self.config.backlog_cap, self.config.backlog_cap_per_kind
+        if not cap and not per_kind:
+            return
+        incoming = collections.Counter(req.name for req in body.requests)
+        size = len(body.requests)
+        if cap:
+            if size > cap:
+                raise _over_cap_forever(f"{size} jobs", "the backlog cap", cap)
+            backlog = await self.queue.runnable_backlog(at_most=cap)
+            if backlog + size > cap:
+                raise RequestError(
+                    503,
+                    f"backlog full: {backlog} runnable jobs, cap {cap}; retry later",
+                    {"backlog": backlog, "cap": cap},
+                    headers=self._retry_after,
+                )
+        if per_kind:
+            biggest, count = incoming.most_common(1)[0]
+            if count > per_kind:
+                raise _over_cap_forever(f"{count} {biggest!r} jobs", "the per-kind cap", per_kind)
+            backlogs = await self.queue.runnable_backlog_by_name(incoming, at_most=per_kind)
+            for name, n in sorted(incoming.items()):
+                backlog = backlogs.get(name, 0)
+                if backlog + n > per_kind:
+                    raise RequestError(
+                        503,
+                        f"backlog of {name!r} full: {backlog} runnable jobs, "
+                        f"cap {per_kind} per kind; retry later",
+                        {"kind": name, "backlog": backlog, "cap": per_kind},
+                        headers=self._retry_after,
+                    )
+
+    async def _statuses(self, requests: list[EnqueueRequest], ids: list[UUID]) -> list[str]:
+        """ "queued" for new jobs; the actual status where a job_key resolved to an
+        existing job (which may be running)."""
+        keyed = [i for req, i in zip(requests, ids, strict=True) if req.options.job_key]
+        found = await self.queue.statuses(keyed) if keyed else {}
+        return [found.get(i, JobStatus.QUEUED).value for i in ids]
+
+
+def _digest(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()
+
+
+def _route_template(request: web.Request) -> str:
+    resource = request.match_info.route.resource
+    return "unmatched" if resource is None else resource.canonical
+
+
+def _body_too_large(length: int | None, limit: int) -> RequestError:
+    size = "" if length is None else f" of {length} bytes"
+    return RequestError(
+        413,
+        f"request body{size} is over the limit of {limit} bytes",
+        {"max_body_bytes": limit},
+    )
+
+
+def _over_cap_forever(what: str, cap_name: str, cap: int) -> RequestError:
+    # Not 503: retrying the same request could never succeed.
+    return RequestError(
+        413,
+        f"{what} in one request is more than {cap_name} of {cap}; send smaller batches",
+        {"cap": cap},
+    )
+
+
+def _error_response(exc: RequestError) -> web.Response:
+    return web.json_response(exc.body(), status=exc.status, headers=exc.headers)
+
+
+def _http_exception_response(exc: web.HTTPException) -> web.Response:
+    headers = {k: v for k, v in exc.headers.items() if k.lower() == "allow"}
+    message = {404: "not found", 405: "method not allowed"}.get(exc.status, exc.reason.lower())
+    return web.json_response({"error": message}, status=exc.status, headers=headers)

@@ -1,0 +1,251 @@
+"""``pgfleet api``: serve the HTTP jobs API.
+
+Every option can also come from a ``PGFLEET_*`` environment variable (the flag
+wins). SIGTERM or SIGINT drains: new /jobs requests get 503 "shutting down",
+requests in flight finish, then the process exits 0. A second signal, a second
+or more later, stops at once.
+
+This module needs only the standard library at import (the parser is built for
+every ``pgfleet`` command); aiohttp is imported when the API runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+from pgfleet.errors import PgfleetError
+from pgfleet.service.worker_cmd import add_common, configure_logging, env_default, install_uvloop
+
+log = logging.getLogger("pgfleet")
+
+MIB = 1024 * 1024
+#: Seconds to wait for a connection to the database on a request.
+CONNECT_TIMEOUT = 5.0
+#: Seconds the listening sockets stay open after the drain, for stragglers.
+STOP_GRACE = 2.0
+
+# (flag, env suffix, default, low, high, help)
+_INTEGERS: tuple[tuple[str, str, int, int, int, str], ...] = (
+    ("--port", "API_PORT", 8000, 1, 65535, "port of the jobs API"),
+    (
+        "--metrics-port",
+        "API_METRICS_PORT",
+        9465,
+        0,
+        65535,
+        "port of /metrics, /healthz, /readyz, separate from the API (0: off)",
+    ),
+    ("--max-body-bytes", "API_MAX_BODY_BYTES", 2 * MIB, 64, 1024 * MIB, "largest request body"),
+    (
+        "--max-payload-bytes",
+        "API_MAX_PAYLOAD_BYTES",
+        MIB,
+        2,
+        1024 * MIB,
+        "largest encoded payload of one job",
+    ),
+    ("--max-batch", "API_MAX_BATCH", 1000, 1, 100_000, "most jobs in one batch request"),
+    (
+        "--backlog-cap",
+        "API_BACKLOG_CAP",
+        0,
+        0,
+        2**62,
+        "refuse with 503 when the runnable backlog would exceed this (0: no cap)",
+    ),
+    (
+        "--backlog-cap-per-kind",
+        "API_BACKLOG_CAP_PER_KIND",
+        0,
+        0,
+        2**62,
+        "the same, per job name (0: no cap)",
+    ),
+    ("--retry-after", "API_RETRY_AFTER", 1, 1, 86400, "Retry-After seconds of a retryable 503"),
+    ("--pool-size", "API_POOL_SIZE", 10, 1, 1000, "database connections"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_common(parser)
+    parser.add_argument(
+        "--host",
+        default=env_default("API_HOST", "127.0.0.1"),
+        help="address of the jobs API [PGFLEET_API_HOST] (default 127.0.0.1)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default=env_default("API_METRICS_HOST", "127.0.0.1"),
+        help="address of the metrics port [PGFLEET_API_METRICS_HOST] (default 127.0.0.1)",
+    )
+    for flag, env, default, _low, _high, text in _INTEGERS:
+        parser.add_argument(
+            flag,
+            default=env_default(env, default),
+            help=f"{text} [PGFLEET_{env}] (default {default})",
+        )
+    parser.add_argument(
+        "--shutdown-timeout",
+        default=env_default("API_SHUTDOWN_TIMEOUT", 30.0),
+        help="seconds requests in flight get to finish at shutdown "
+        "[PGFLEET_API_SHUTDOWN_TIMEOUT] (default 30)",
+    )
+    parser.add_argument(
+        "--auth-token",
+        default=env_default("API_TOKEN"),
+        help="require Authorization: Bearer <token> on every /jobs request "
+        "[PGFLEET_API_TOKEN] (default: no authentication; prefer the variable, "
+        "command lines are visible to other users)",
+    )
+    parser.add_argument(
+        "--app",
+        default=env_default("APP"),
+        help="the Registry whose job names --strict accepts, as module:attribute [PGFLEET_APP]",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        default=env_default("API_STRICT", "") not in ("", "0", "false"),
+        help="refuse job names the --app registry has no handler for [PGFLEET_API_STRICT]",
+    )
+
+
+def _check(args: argparse.Namespace) -> None:
+    """Validate and convert every option, or exit with a message naming it."""
+
+    def fail(message: str) -> SystemExit:
+        return SystemExit(f"pgfleet api: {message}")
+
+    if not args.dsn:
+        raise fail("no database: pass --dsn or set PGFLEET_DATABASE_URL")
+    for flag, _env, _default, low, high, _text in _INTEGERS:
+        name = flag[2:].replace("-", "_")
+        value = getattr(args, name)
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            raise fail(f"{flag} must be an integer, got {value!r}") from None
+        if not low <= number <= high:
+            raise fail(f"{flag} must be from {low} to {high}, got {number}")
+        setattr(args, name, number)
+    try:
+        timeout = float(args.shutdown_timeout)
+    except (TypeError, ValueError):
+        raise fail(f"--shutdown-timeout must be a number, got {args.shutdown_timeout!r}") from None
+    if not 0 <= timeout <= 3600:
+        raise fail(f"--shutdown-timeout must be from 0 to 3600 seconds, got {timeout}")
+    args.shutdown_timeout = timeout
+    if args.auth_token is not None and not args.auth_token.strip():
+        raise fail("--auth-token is empty: give a token or leave it unset")
+    if args.metrics_port and args.metrics_port == args.port and args.metrics_host == args.host:
+        raise fail("--metrics-port must differ from --port: metrics are not served on the API")
+    if args.strict and not args.app:
+        raise fail("--strict needs --app module:registry (the job names to accept)")
+
+
+def build_config(args: argparse.Namespace) -> Any:
+    from pgfleet.service.api import ApiConfig
+
+    known = None
+    if args.strict:
+        from pgfleet.service.apps import load_registry
+
+        known = frozenset(load_registry(args.app).names())
+    return ApiConfig(
+        max_body_bytes=args.max_body_bytes,
+        max_batch=args.max_batch,
+        max_payload_bytes=args.max_payload_bytes,
+        backlog_cap=args.backlog_cap,
+        backlog_cap_per_kind=args.backlog_cap_per_kind,
+        retry_after=args.retry_after,
+        auth_token=args.auth_token.strip() if args.auth_token else None,
+        known_names=known,
+    )
+
+
+async def serve(args: argparse.Namespace, config: Any) -> int:
+    """Run the API until signalled and drained. Returns the exit code."""
+    from prometheus_client import CollectorRegistry
+
+    import pgfleet
+    from pgfleet.service.api import ApiMetrics, JobsApi
+    from pgfleet.service.http import Server, metrics_server
+    from pgfleet.service.metrics import ProcessMetrics, QueueStats
+    from pgfleet.service.worker_cmd import Stopper
+
+    stopper = Stopper()
+    stopper.install()
+    # min_size=0: a database that is down at start gives 503s, not a dead process.
+    pool = await pgfleet.create_pool(
+        args.dsn, min_size=0, max_size=args.pool_size, timeout=CONNECT_TIMEOUT
+    )
+    registry = CollectorRegistry()
+    queue = pgfleet.Queue(
+        pool, max_payload_bytes=config.max_payload_bytes, known_names=config.known_names
+    )
+    queue.on_enqueued = ProcessMetrics(registry, worker=False).count_enqueued
+    # The API competes for the fleet's metrics lease too: the backlog gauges keep
+    # coming while every worker is down, which is when they matter most.
+    kinds: Any = config.known_names
+    if kinds is None and args.app:
+        from pgfleet.service.apps import load_registry
+
+        kinds = load_registry(args.app).names()
+    stats = QueueStats(pool, kinds or ())
+    registry.register(stats)
+    api = JobsApi(queue, config, ApiMetrics(registry))
+    servers: list[Server] = []
+    try:
+        public = Server(
+            api.application(), args.host, args.port, "jobs API", shutdown_timeout=STOP_GRACE
+        )
+        await public.start()
+        servers.append(public)
+        if args.metrics_port:
+            metrics = metrics_server(args.metrics_host, args.metrics_port, registry, stats, pool)
+            await metrics.start()
+            servers.append(metrics)
+        try:
+            await stopper.event.wait()
+            await api.drain(args.shutdown_timeout)
+        except asyncio.CancelledError:
+            if stopper.signals < 2:
+                raise
+            log.warning("jobs API stopping without waiting for %d request(s)", api.in_flight)
+    finally:
+        for server in servers:
+            await server.stop()
+        await queue.flush_notifications()
+        await _close(pool)
+    log.info("jobs API stopped")
+    return 0
+
+
+async def _close(pool: Any) -> None:
+    try:
+        await asyncio.wait_for(pool.close(), STOP_GRACE)
+    except Exception:  # TimeoutError included
+        with contextlib.suppress(Exception):
+            pool.terminate()
+
+
+def main(args: argparse.Namespace) -> int:
+    configure_logging(args.log_level)
+    _check(args)
+    from pgfleet.service.apps import AppError
+    from pgfleet.service.http import PortInUse
+
+    try:
+        config = build_config(args)
+    except (PgfleetError, AppError) as exc:
+        raise SystemExit(f"pgfleet api: {exc}") from None
+    loop_name = install_uvloop()
+    log.info("pgfleet api starting on %s", loop_name)
+    try:
+        return asyncio.run(serve(args, config))
+    except (PgfleetError, PortInUse) as exc:
+        raise SystemExit(f"pgfleet api: {exc}") from None

@@ -1,0 +1,68 @@
+"""JSON views of jobs and workers, shared by the HTTP jobs API and ``pgfleet jobs``.
+
+A job view is flat: ``status`` next to the fields that state has. It never carries
+the payload (payloads may hold personal data or secrets); callers that may see it
+add it explicitly.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pgfleet.jobs import Job, JobStatus, WorkerInfo
+
+#: States in which ``last_error`` describes the job: it failed for good, or it is
+#: between attempts (queued) or on a later attempt (running) after a failure.
+_ERROR_STATES = (JobStatus.FAILED, JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def timestamp(value: datetime | None) -> str | None:
+    """RFC 3339 with its offset (the database returns UTC)."""
+    return None if value is None else value.isoformat()
+
+
+def job_view(job: Job) -> dict[str, Any]:
+    """The status record of a job: id, name, status, attempts and timestamps, plus
+    ``error``, ``started_at``, ``finished_at``, ``queue_name``, ``job_key`` and
+    ``worker_id`` only when that state has them."""
+    view: dict[str, Any] = {
+        "id": str(job.id),
+        "name": job.name,
+        "status": job.status.value,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "priority": job.priority,
+        "run_at": timestamp(job.run_at),
+        "created_at": timestamp(job.created_at),
+    }
+    optional = {
+        "started_at": timestamp(job.started_at),
+        "finished_at": timestamp(job.finished_at),
+        "queue_name": job.queue_name,
+        "job_key": job.job_key,
+        "error": job.last_error if job.status in _ERROR_STATES else None,
+        "worker_id": str(job.worker_id)
+        if job.worker_id is not None and job.status is JobStatus.RUNNING
+        else None,
+    }
+    view.update((key, value) for key, value in optional.items() if value is not None)
+    return view
+
+
+def worker_view(worker: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": str(worker.id),
+        "hostname": worker.hostname,
+        "pid": worker.pid,
+        "alive": worker.alive,
+        "is_leader": worker.is_leader,
+        "concurrency": worker.concurrency,
+        "running_jobs": worker.running_jobs,
+        "job_names": list(worker.job_names),
+        "queue_names": None if worker.queue_names is None else list(worker.queue_names),
+        "version": worker.version,
+        "started_at": timestamp(worker.started_at),
+        "heartbeat_at": timestamp(worker.heartbeat_at),
+        "expires_at": timestamp(worker.expires_at),
+    }
