@@ -159,18 +159,23 @@ class Queue:
         self._check_name(name)
         text = encode_payload(payload, self._max_payload_bytes)
         job_id = _ids.uuid7()
-        args = (
-            job_id,
-            name,
-            text,
-            opts.priority,
-            opts.max_attempts or self._default_max_attempts,
-            opts.queue_name,
-            opts.run_at,
-            opts.delay_seconds,
-        )
         wake_in_tx, wake_after = self._wake_plan(connection, opts.runs_now)
-        query = Q.job_insert_notify if wake_in_tx else Q.job_insert
+        args: tuple[Any, ...]
+        if opts is DEFAULT_OPTIONS:
+            args = (job_id, name, text, self._default_max_attempts)
+            query = Q.job_insert_plain_notify if wake_in_tx else Q.job_insert_plain
+        else:
+            args = (
+                job_id,
+                name,
+                text,
+                opts.priority,
+                opts.max_attempts or self._default_max_attempts,
+                opts.queue_name,
+                opts.run_at,
+                opts.delay_seconds,
+            )
+            query = Q.job_insert_notify if wake_in_tx else Q.job_insert
         with translate_errors("enqueue"):
             if connection is None:
                 await self._pool.execute(query.sql, *args)

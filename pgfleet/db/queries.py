@@ -58,6 +58,8 @@ class Queries:
 
     job_insert: Query
     job_insert_notify: Query
+    job_insert_plain: Query
+    job_insert_plain_notify: Query
     job_insert_many_plain: Query
     job_insert_many: Query
     job_insert_keyed_dedupe: Query

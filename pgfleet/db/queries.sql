@@ -22,6 +22,19 @@ WITH inserted AS (
 )
 SELECT pg_notify('pgfleet_jobs', '') FROM inserted;
 
+-- name: job_insert_plain :exec
+-- The common single enqueue: default options, so only four parameters travel.
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
+VALUES ($1, $2, $3::text::jsonb, $4);
+
+-- name: job_insert_plain_notify :exec
+WITH inserted AS (
+    INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
+    VALUES ($1, $2, $3::text::jsonb, $4)
+    RETURNING 1
+)
+SELECT pg_notify('pgfleet_jobs', '') FROM inserted;
+
 -- name: job_insert_many_plain :exec
 -- The common batch: default options for every job. Payloads arrive as one JSON
 -- array (one encode call on the client, one parse here), zipped to the ids and names.
