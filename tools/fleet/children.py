@@ -127,8 +127,12 @@ class Child:
             return ""
 
     def tail(self, lines: int = 15) -> str:
+        """The last lines of the log (read from its end: logs grow for as long as the
+        fleet runs)."""
         try:
-            text = self.log.read_text(errors="replace")
+            with self.log.open("rb") as f:
+                f.seek(max(f.seek(0, os.SEEK_END) - 64 * 1024, 0))
+                text = f.read().decode(errors="replace")
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
