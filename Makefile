@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 BENCH_DSN ?= $(or $(PGFLEET_BENCH_DSN),postgresql://postgres@127.0.0.1:5432/postgres)
 BENCH_ARGS ?=
+FLEET_ARGS ?=
 
 .PHONY: help venv test lint format bench fleet clean
 
@@ -14,6 +15,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev,service,embedded,loadtest]'
+	touch $@ $(VENV)/.fleet-installed
+
+# The native fleet needs only the service and embedded extras: a first `make fleet`
+# does not wait for the test and load-test dependencies (a quarter of the download).
+$(VENV)/.fleet-installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[service,embedded]'
 	touch $@
 
 venv: $(VENV)/.installed ## create .venv with everything the tests need
@@ -22,20 +31,20 @@ test: venv ## run the test suite against a real PostgreSQL (see README: finding 
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff (lint + format check) and mypy --strict on pgfleet/
-	$(VENV)/bin/ruff check pgfleet tests
-	$(VENV)/bin/ruff format --check pgfleet tests
+	$(VENV)/bin/ruff check pgfleet tests tools worker
+	$(VENV)/bin/ruff format --check pgfleet tests tools worker
 	$(VENV)/bin/mypy pgfleet
 
 format: venv ## apply ruff's formatting and safe fixes
-	$(VENV)/bin/ruff format pgfleet tests
-	$(VENV)/bin/ruff check --fix pgfleet tests
+	$(VENV)/bin/ruff format pgfleet tests tools worker
+	$(VENV)/bin/ruff check --fix pgfleet tests tools worker
 
 bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
 	mkdir -p bench-results
 	$(VENV)/bin/pgfleet bench --dsn '$(BENCH_DSN)' --json bench-results/latest.json $(BENCH_ARGS)
 
-fleet: venv ## run the fleet natively (coming with the fleet issue)
-	@echo "make fleet is coming: the native fleet (workers, API, Prometheus) lands with the fleet issue."
+fleet: $(VENV)/.fleet-installed ## run the fleet without Docker until Ctrl-C (FLEET_ARGS='--processes 5 --rate 50')
+	$(PY) -m tools.fleet $(FLEET_ARGS)
 
-clean: ## remove the virtualenv and caches
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
+clean: ## remove the virtualenv, caches and the native fleet's state (.fleet: database, logs)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results .fleet

@@ -1,8 +1,8 @@
 """Test harness: a real PostgreSQL, a migrated template, one database per test.
 
 Every async test runs twice, on the default asyncio loop and on uvloop (acceptance
-tests, which drive real processes, only on the default loop). A test fails on any
-exception that reaches the event loop's exception handler.
+and fleet tests, which drive real processes, only on the default loop). A test fails
+on any exception that reaches the event loop's exception handler.
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -25,8 +26,9 @@ except ImportError:  # pragma: no cover - uvloop is a dev dependency
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
     factories: dict[str, Callable[[], Any]] = {"asyncio": asyncio.new_event_loop}
+    # Tests that drive real processes (acceptance/, fleet/) run on the default loop only.
     only_default = (
-        "acceptance" in str(getattr(item, "path", ""))
+        Path(str(getattr(item, "path", ""))).parent.name in ("acceptance", "fleet")
         or os.environ.get("PGFLEET_TEST_LOOPS") == "asyncio"
     )
     if uvloop is not None and not only_default:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import signal as signals
 import socket
 import sys
@@ -27,10 +28,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive free ports."""
+    """The first of ``n`` consecutive free ports, below the ephemeral range: a port
+    from that range can become the source port of any outgoing connection (to
+    PostgreSQL, say) between this check and the server binding it."""
+    low = _ephemeral_low()
     for _ in range(200):
-        base = free_port()
+        base = random.randrange(10000, max(low - n, 10001))
         ok = True
         for p in range(base, base + n):
             with socket.socket() as s:
@@ -142,3 +153,47 @@ def parse_metrics(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 
 def metric_types(text: str) -> dict[str, str]:
     return {f.name: f.type for f in text_string_to_metric_families(text)}
+
+
+# --- process trees (Linux /proc) ---------------------------------------------------
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """(state, parent pid) of a process, or None when it does not exist."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # the command name may contain spaces
+    return fields[0], int(fields[1])
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below ``pid``: children, grandchildren..."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        stat = _stat(int(entry.name)) if entry.name.isdigit() else None
+        if stat is not None and stat[0] not in ("Z", "X"):
+            children.setdefault(stat[1], []).append(int(entry.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [part.decode(errors="replace") for part in raw.split(b"\0") if part]

@@ -133,6 +133,13 @@ class Prometheus:
         self.proc: subprocess.Popen[bytes] | None = None
         self.url = ""
 
+    @classmethod
+    def running_at(cls, url: str) -> Prometheus:
+        """A client of a Prometheus started elsewhere (queries only: no start/stop)."""
+        prom = cls("", Path(), Path(), Path("/dev/null"))
+        prom.url = url.rstrip("/")
+        return prom
+
     def start(self, ready_timeout: float = 90.0) -> None:
         # The port is chosen before Prometheus binds it; on the rare collision, retry.
         for _ in range(3):
