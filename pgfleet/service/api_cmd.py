@@ -234,6 +234,9 @@ async def _close(pool: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from pgfleet.service.worker_cmd import catch_early_signals
+
+    catch_early_signals()
     configure_logging(args.log_level)
     _check(args)
     from pgfleet.service.apps import AppError

@@ -27,7 +27,9 @@ RESTART_CAP = 30.0
 #: A child that lived this long resets the restart backoff.
 HEALTHY_AFTER = 30.0
 
-_CHILD_OVERRIDES = {"processes", "metrics_port"}
+#: Set by the supervisor itself; the DSN travels in the environment instead, so a
+#: password never shows in `ps`.
+_CHILD_OVERRIDES = {"processes", "metrics_port", "dsn"}
 
 
 def child_argv(args: argparse.Namespace, index: int) -> list[str]:
@@ -78,6 +80,10 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        from pgfleet.service.worker_cmd import _early_signals
+
+        if _early_signals:  # stopped before the loop took over: start nothing
+            self.stopping.set()
         log.info("supervising %d worker processes", self.count)
         results = await asyncio.gather(*(self._keep(i) for i in range(self.count)))
         failed = [code for code in results if code != 0]
@@ -98,9 +104,13 @@ class Supervisor:
         """Run child ``index`` until shutdown, restarting it when it dies."""
         delay = RESTART_BASE
         while True:
+            if self.stopping.is_set():
+                return 0
             started = time.monotonic()
             child = await asyncio.create_subprocess_exec(
-                *child_argv(self.args, index), preexec_fn=_die_with_parent
+                *child_argv(self.args, index),
+                preexec_fn=_die_with_parent,
+                env={**os.environ, "PGFLEET_DATABASE_URL": self.args.dsn},
             )
             self.children[index] = child
             log.info("worker process %d started (pid %d)", index, child.pid)
@@ -110,6 +120,10 @@ class Supervisor:
             code = await child.wait()
             if self.stopping.is_set():
                 log.info("worker process %d (pid %d) exited with %d", index, child.pid, code)
+                if code in (-signal.SIGTERM, -signal.SIGINT):
+                    # Killed by our own forwarded signal before its handler was up:
+                    # it was still starting, so there was nothing to drain.
+                    return 0
                 return code
             self.restarts += 1
             if time.monotonic() - started > HEALTHY_AFTER:

@@ -211,6 +211,8 @@ class Stopper:
         self.main = asyncio.current_task()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
+        if _early_signals:  # arrived while the process was still importing
+            self._on_signal(_early_signals[0])
 
     def _on_signal(self, sig: signal.Signals) -> None:
         now = time.monotonic()
@@ -225,6 +227,22 @@ class Stopper:
             log.warning("received %s again: stopping now, requeueing running jobs", sig.name)
             if self.main is not None:
                 self.main.cancel()
+
+
+_early_signals: list[signal.Signals] = []
+
+
+def catch_early_signals() -> None:
+    """From process start until the event loop takes over, remember SIGTERM/SIGINT
+    instead of dying from them, so a stop during start-up is still a clean drain."""
+
+    def remember(signum: int, _frame: Any) -> None:
+        if _early_signals:  # asked twice while still starting: give up now
+            raise SystemExit(128 + signum)
+        _early_signals.append(signal.Signals(signum))
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, remember)
 
 
 async def serve(args: argparse.Namespace) -> int:
@@ -277,6 +295,7 @@ def _metrics(args: argparse.Namespace, worker: Any, pool: Any, registry: Any, co
 
 
 def main(args: argparse.Namespace) -> int:
+    catch_early_signals()
     configure_logging(args.log_level)
     if not args.dsn:
         raise SystemExit("pgfleet worker: no database: pass --dsn or set PGFLEET_DATABASE_URL")

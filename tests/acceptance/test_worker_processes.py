@@ -13,6 +13,7 @@ import pytest
 from pgfleet import EnqueueOptions, EnqueueRequest, JobStatus, Queue
 from tests.apps import runtime_app
 from tests.procs import eventually, processes, start, start_worker
+from tests.procs import processes as processes_guard
 
 pytestmark = pytest.mark.slow
 
@@ -250,3 +251,62 @@ async def test_supervisor_restarts_a_killed_child_and_drains_on_sigterm(
     assert job is not None and job.attempt == 2
     assert "restarting" in supervisor.output()
     assert await count(pool, "SELECT count(*) FROM pgfleet.workers") == 0
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+async def test_sigterm_while_starting_is_a_clean_stop(
+    database: str, tmp_path: Path, processes: str
+) -> None:
+    proc = await start(
+        [
+            "worker",
+            "--dsn",
+            database,
+            "--app",
+            "tests.apps.runtime_app:registry",
+            "--processes",
+            processes,
+            "--metrics-port",
+            "0",
+        ],
+        tmp_path,
+        "early",
+    )
+    async with processes_guard(proc):
+        # At once: the process is most likely still importing. It may die from the
+        # signal before Python runs any of its code (nothing started, nothing to
+        # drain); once its code runs, the stop is a drain that exits 0 (and a
+        # supervisor counts a child killed while starting as a clean stop).
+        code = await proc.stop(signal.SIGTERM)
+    assert code in (0, -signal.SIGTERM), proc.output()[-2000:]
+    assert "Traceback" not in proc.output()
+
+
+async def test_supervised_children_do_not_show_the_dsn(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    secret_dsn = database.replace("postgres@", "postgres:not-a-real-secret@")
+    supervisor = await start(
+        [
+            "worker",
+            "--dsn",
+            secret_dsn,
+            "--app",
+            "tests.apps.runtime_app:registry",
+            "--processes",
+            "2",
+            "--metrics-port",
+            "0",
+        ],
+        tmp_path,
+        "supervisor",
+    )
+    async with processes_guard(supervisor):
+        pids = await eventually(
+            lambda: pool.fetch("SELECT pid FROM pgfleet.workers"), what="children to register"
+        )
+        for row in pids:
+            cmdline = Path(f"/proc/{row['pid']}/cmdline").read_bytes()
+            assert b"not-a-real-secret" not in cmdline
+            assert b"--dsn" not in cmdline
+        assert await supervisor.stop() == 0
