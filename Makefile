@@ -5,7 +5,11 @@ PY := $(VENV)/bin/python
 BENCH_DSN ?= $(or $(PGFLEET_BENCH_DSN),postgresql://postgres@127.0.0.1:5432/postgres)
 BENCH_ARGS ?=
 
-.PHONY: help venv test lint format bench fleet clean
+SCENARIO ?= all
+PROFILE ?= full
+LOADTEST_ARGS ?=
+
+.PHONY: help venv test lint format bench fleet loadtest loadtest-smoke clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -22,13 +26,13 @@ test: venv ## run the test suite against a real PostgreSQL (see README: finding 
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff (lint + format check) and mypy --strict on pgfleet/
-	$(VENV)/bin/ruff check pgfleet tests
-	$(VENV)/bin/ruff format --check pgfleet tests
+	$(VENV)/bin/ruff check pgfleet tests loadtest
+	$(VENV)/bin/ruff format --check pgfleet tests loadtest
 	$(VENV)/bin/mypy pgfleet
 
 format: venv ## apply ruff's formatting and safe fixes
-	$(VENV)/bin/ruff format pgfleet tests
-	$(VENV)/bin/ruff check --fix pgfleet tests
+	$(VENV)/bin/ruff format pgfleet tests loadtest
+	$(VENV)/bin/ruff check --fix pgfleet tests loadtest
 
 bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
 	mkdir -p bench-results
@@ -36,6 +40,12 @@ bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARG
 
 fleet: venv ## run the fleet natively (coming with the fleet issue)
 	@echo "make fleet is coming: the native fleet (workers, API, Prometheus) lands with the fleet issue."
+
+loadtest: venv ## Locust scenarios + capacity report: SCENARIO=contention|drain|steady|soak|all PROFILE=full|smoke
+	$(PY) -m loadtest.run $(SCENARIO) --profile $(PROFILE) $(LOADTEST_ARGS)
+
+loadtest-smoke: venv ## every load-test scenario for a few seconds, then the report (about a minute)
+	$(PY) -m loadtest.run all --profile smoke $(LOADTEST_ARGS)
 
 clean: ## remove the virtualenv and caches
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results
