@@ -30,6 +30,7 @@ import psycopg.waiting
 from locust import User, events, task
 from locust.exception import StopUser
 
+from loadtest.shield import GracefulStop
 from loadtest.users import Budget, Pacer, Settings, request_name, user_period
 from pgfleet import _ids
 from pgfleet.db import Q
@@ -99,7 +100,7 @@ def _shared(environment: Any, settings: Settings) -> _Shared:
     return state  # type: ignore[no-any-return]
 
 
-class DbEnqueuer(User):
+class DbEnqueuer(GracefulStop, User):
     """Enqueues ``--batch-size`` jobs per transaction on its own connection."""
 
     abstract = True

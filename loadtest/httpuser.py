@@ -14,6 +14,7 @@ import gevent
 from locust import FastHttpUser, task
 from locust.exception import StopUser
 
+from loadtest.shield import GracefulStop
 from loadtest.users import Budget, Pacer, Settings, job_bodies, request_name, user_period
 
 
@@ -23,7 +24,7 @@ class _Shared:
         self.seq = 0
 
 
-class HttpEnqueuer(FastHttpUser):
+class HttpEnqueuer(GracefulStop, FastHttpUser):
     """POSTs ``--batch-size`` jobs per request to ``/jobs``; only 202 counts."""
 
     abstract = True

@@ -513,15 +513,16 @@ def _steady_knee(rep: Report, measured: list[dict[str, Any]]) -> None:
 # ------------------------------------------------------------------ soak
 
 
-def bounded(values: Sequence[float], slack: float = 1.25) -> bool:
+def bounded(values: Sequence[float], slack: float = 1.25, floor: float = 1.0) -> bool:
     """Whether a series stopped growing: the maximum of its last third stays within
-    ``slack`` of the maximum of its middle third (plus one unit for tiny series)."""
+    ``slack`` times the maximum of its middle third, plus ``floor`` (the noise a
+    near-zero series may show without growing)."""
     n = len(values)
     if n < 6:
         return True
     middle = max(values[n // 3 : 2 * n // 3])
     last = max(values[2 * n // 3 :])
-    return last <= middle * slack + 1
+    return last <= middle * slack + floor
 
 
 def soak(rep: Report, doc: dict[str, Any]) -> None:
@@ -565,10 +566,13 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
         a.grid(True, alpha=0.3)
         a.set_ylim(bottom=0)
     rep.figure(fig, "soak.png", "backlog age, table size and dead tuples over the soak")
+    # Floors: a second of arrivals for the backlog, a second for its age, 1 MiB of
+    # table, and the leader's vacuum threshold for dead tuples.
     verdicts = {
-        "backlog": bounded(backlog),
-        "table size": bounded(size),
-        "dead tuples": bounded(dead),
+        "backlog": bounded(backlog, floor=params["rate"]),
+        "backlog age": bounded(age, floor=1.0),
+        "table size": bounded(size, floor=2**20),
+        "dead tuples": bounded(dead, floor=10_000),
     }
     vacuums = samples[-1]["vacuums"] - samples[0]["vacuums"]
     ok = all(verdicts.values())
@@ -586,7 +590,8 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
         + ", ".join(f"{k} {'flat' if v else 'growing'}" for k, v in verdicts.items())
         + f"; the last third's maximum against the middle third's). {s.jobs:,} jobs, "
         f"{vacuums} vacuum(s), table at most {max(size) / 2**20:.1f} MiB, dead tuples at "
-        f"most {max(dead):,.0f}, backlog age at most {max(age):.2f} s.",
+        f"most {max(dead):,.0f}, backlog at most {max(backlog):,.0f} jobs, backlog age at "
+        f"most {max(age):.2f} s.",
         "",
     )
 

@@ -59,6 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         metavar="SCENARIO.FIELD=VALUE",
         help="override a parameter, e.g. contention.producers=1,8,32 (repeatable)",
     )
+    parser.add_argument(
+        "--database",
+        default=harness.SCRATCH_DB,
+        help="scratch database the native fleet recreates (default %(default)s)",
+    )
     parser.add_argument("--no-report", action="store_true", help="skip the report")
     args = parser.parse_args(argv)
     if "all" in args.scenarios:
@@ -106,7 +111,7 @@ async def main_async(args: argparse.Namespace) -> int:
     try:
         if args.fleet == "native":
             pg = await harness.find_postgres()
-            dsn: str | None = await harness.fresh_database(pg)
+            dsn: str | None = await harness.fresh_database(pg, args.database)
             source = pg.source
         else:
             dsn = os.environ.get("PGFLEET_DATABASE_URL") or None
