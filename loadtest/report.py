@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,14 +81,22 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[str]:
     return [*out, ""]
 
 
-def plateau(xs: Sequence[float], ys: Sequence[float], share: float = 0.9) -> tuple[float, float]:
-    """(the best y, the smallest x at which y first reaches ``share`` of it):
-    where a throughput curve flattens."""
+@dataclass(frozen=True)
+class Plateau:
+    """Where a throughput curve flattens, robust to one lucky point."""
+
+    level: float  # the median of the points from ``start`` on
+    start: float  # the first x whose y reaches ``share`` of the best
+    best: float  # the best single point
+    best_at: float
+
+
+def plateau(xs: Sequence[float], ys: Sequence[float], share: float = 0.8) -> Plateau:
     best = max(ys)
-    for x, y in zip(xs, ys, strict=True):
-        if y >= share * best:
-            return best, x
-    return best, xs[-1]
+    best_at = xs[ys.index(best)] if isinstance(ys, list) else xs[list(ys).index(best)]
+    start = next(i for i, y in enumerate(ys) if y >= share * best)
+    level = statistics.median(ys[start:])
+    return Plateau(level, xs[start], best, best_at)
 
 
 # ------------------------------------------------------------------ header
@@ -155,7 +164,10 @@ def contention(rep: Report, doc: dict[str, Any]) -> None:
         "process sends a `pg_notify` after commits, at most one in flight (pgfleet's "
         "default); `off` never notifies. Postgres serialises the commits of "
         "transactions that notified on one global lock, so only `transaction` should "
-        "stop scaling with producers.",
+        "stop scaling with producers. The load generator is one Locust process on the "
+        "same two cores as Postgres, so the no-notify curve is this machine's ceiling "
+        "for it, not Postgres'. Each point is a single run of a few seconds on a shared "
+        "machine: read the levels of the curves rather than single points.",
         "",
     )
     db = [p for p in rows if p["user"] == "db"]
@@ -253,50 +265,80 @@ def _curve(points: list[dict[str, Any]], mode: str, batch: int) -> tuple[list[in
 def _contention_knees(rep: Report, db: list[dict[str, Any]]) -> None:
     words = []
     for batch in sorted({p["batch"] for p in db}):
-        best: dict[str, tuple[float, float]] = {}
+        found: dict[str, Plateau] = {}
         for mode in ("transaction", "coalesced", "off"):
             xs, ys = _curve(db, mode, batch)
             if xs:
-                best[mode] = plateau(xs, ys)
-        if "transaction" not in best:
+                found[mode] = plateau(xs, ys)
+        if "transaction" not in found:
             continue
-        cap, at = best["transaction"]
+        cap = found["transaction"]
         jobs = "single-job" if batch == 1 else f"{batch}-job batch"
         sentence = (
             f"On this machine, a notification per commit caps {jobs} enqueue at about "
-            f"**{cap:,.0f} commits/s** ({cap * batch:,.0f} jobs/s), reached from "
-            f"{at:g} producers on; more producers only add latency."
+            f"**{cap.level:,.0f} commits/s** ({cap.level * batch:,.0f} jobs/s) from "
+            f"{cap.start:g} producer(s) on (best single point {cap.best:,.0f}/s at "
+            f"{cap.best_at:g}); more producers only add latency."
         )
-        if "coalesced" in best:
-            lifted, lifted_at = best["coalesced"]
+        if "coalesced" in found:
+            lifted = found["coalesced"]
             sentence += (
-                f" Coalescing lifts it to **{lifted:,.0f} commits/s** "
-                f"({lifted * batch:,.0f} jobs/s, {lifted / cap:.1f}x; flat from "
-                f"{lifted_at:g} producers)"
+                f" Coalescing lifts it to about **{lifted.level:,.0f} commits/s** "
+                f"({lifted.level * batch:,.0f} jobs/s, {lifted.level / cap.level:.1f}x, "
+                f"from {lifted.start:g} producers on)"
             )
-            if "off" in best:
-                sentence += f", against {best['off'][0]:,.0f}/s with no notification at all"
+            if "off" in found:
+                sentence += (
+                    f", against about {found['off'].level:,.0f}/s with no notification at all"
+                )
             sentence += "."
         words.append(sentence)
-        rep.headline[f"contention_batch{batch}"] = {m: round(b[0]) for m, b in best.items()}
-    rep.add("**Knees.** " + " ".join(words), "")
+        rep.headline[f"contention_batch{batch}"] = {m: round(f.level) for m, f in found.items()}
+    rep.add(
+        "**Knees** (a plateau is the median of a curve's points from the first one within "
+        "80 % of its best). " + " ".join(words) + _coalescing_words(db),
+        "",
+    )
 
 
 def _http_knees(rep: Report, http: list[dict[str, Any]]) -> None:
-    best = {}
+    found = {}
     for mode in ("transaction", "coalesced", "off"):
         xs, ys = _curve(http, mode, 1)
         if xs:
-            best[mode] = plateau(xs, ys)
-    if best:
-        rep.headline["contention_http"] = {m: round(b[0]) for m, b in best.items()}
-        text = ", ".join(f"{m} {b[0]:,.0f}/s" for m, b in best.items())
+            found[mode] = plateau(xs, ys)
+    if found:
+        rep.headline["contention_http"] = {m: round(f.level) for m, f in found.items()}
+        text = ", ".join(
+            f"{m} about {f.level:,.0f}/s (best {f.best:,.0f})" for m, f in found.items()
+        )
         rep.add(
-            f"Through the API (one process, single-job requests) the best rates were: {text}. "
-            "The API's own CPU shares the machine, so the gap between modes is smaller "
-            "than straight into the database.",
+            f"Through the API (one process, single-job requests) the plateaus were: {text}. "
+            "The API process's own CPU joins the bill on the same two cores."
+            + _coalescing_words(http),
             "",
         )
+
+
+def _coalescing_words(points: list[dict[str, Any]]) -> str:
+    """How many notifications coalescing sent per commit, at the fewest and the most
+    producers: close to one each when commits are sparse, far fewer under load."""
+    mine = sorted(
+        (p for p in points if p["notify"] == "coalesced" and p["batch"] == 1),
+        key=lambda p: p["producers"],
+    )
+    if len(mine) < 2:
+        return ""
+    ratios = []
+    for p in (mine[0], mine[-1]):
+        commits = p["jobs_committed"] / p["batch"]
+        ratios.append(p["notifications_received"] / commits if commits else 0.0)
+    return (
+        f" Coalescing sent {ratios[0]:.2f} notifications per commit with "
+        f"{mine[0]['producers']} producer(s) and {ratios[1]:.2f} with {mine[-1]['producers']}: "
+        "one after nearly every commit while commits are sparse (an extra statement "
+        "each, off the commit path), a few per burst under load."
+    )
 
 
 # ------------------------------------------------------------------ drain
@@ -442,6 +484,9 @@ def steady(rep: Report, doc: dict[str, Any]) -> None:
         for p in measured:
             t, age = _series(p["samples"], "oldest_age")
             ax.plot(t, age, label=f"{p['target_rate']:g} jobs/s")
+        # symlog: the slow steps' milliseconds stay visible next to a growing backlog.
+        ax.set_yscale("symlog", linthresh=0.01)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("seconds into the step")
         ax.set_ylabel("oldest runnable job (s)")
         ax.set_title("backlog age over time, per target rate")

@@ -83,9 +83,13 @@ def test_gate_names_each_violation(
         assert problem.startswith(start)
 
 
-def test_plateau_is_where_a_curve_first_reaches_most_of_its_best() -> None:
-    assert report.plateau([1, 2, 4, 8, 16], [500, 900, 1000, 1010, 995]) == (1010, 4)
-    assert report.plateau([1, 2, 4], [100, 200, 400]) == (400, 4)
+def test_plateau_is_the_median_from_where_a_curve_nears_its_best() -> None:
+    flat = report.plateau([1, 2, 4, 8, 16], [500, 900, 1000, 1010, 995])
+    assert (flat.level, flat.start, flat.best, flat.best_at) == (997.5, 2, 1010, 8)
+    lucky = report.plateau([1, 2, 4, 8, 16], [1900, 3000, 2200, 1600, 2100])
+    assert (lucky.level, lucky.start) == (2150, 2)  # one lucky point does not set the cap
+    rising = report.plateau([1, 2, 4], [100, 200, 400])
+    assert (rising.level, rising.start) == (400, 4)
 
 
 @pytest.mark.parametrize(
