@@ -42,16 +42,17 @@ class Contention:
 
 @dataclass(frozen=True)
 class Drain:
-    backlog: int = 20_000
+    # Large enough that the fastest drain lasts seconds, not one worker's start-up.
+    backlog: int = 50_000
     processes: tuple[int, ...] = (1, 2, 4)
-    concurrencies: tuple[int, ...] = (1, 8, 32)
+    concurrencies: tuple[int, ...] = (4, 16, 64)
     load_batch: int = 1000
     pool_size: int = 6
 
 
 @dataclass(frozen=True)
 class Steady:
-    rates: tuple[float, ...] = (100, 300, 1000, 2000, 4000)
+    rates: tuple[float, ...] = (100, 300, 1000, 2000, 3000, 4000)
     seconds: float = 30
     users: int = 16
     batch: int = 10
