@@ -382,9 +382,10 @@ def drain(rep: Report, doc: dict[str, Any]) -> None:
         a.set_xticks(sorted({p["processes"] for p in points}))
         a.set_ylabel(unit)
         a.set_title(title)
-        a.set_ylim(bottom=0)
+        # Headroom above the curves keeps the one-row legend off them.
+        a.set_ylim(0, a.get_ylim()[1] * 1.3)
         a.grid(True, alpha=0.3)
-        a.legend()
+        a.legend(loc="upper left", ncol=3, fontsize="small")
     rep.figure(fig, "drain_rate.png", "drain rate and Postgres CPU per job vs worker processes")
     best = max(points, key=lambda p: p["rate"] or 0)
     rep.headline["drain_best"] = {
@@ -401,9 +402,10 @@ def drain(rep: Report, doc: dict[str, Any]) -> None:
         s = max(single, key=lambda p: p["rate"] or 0)
         words += f" (one process: {s['rate']:,.0f} jobs/s at concurrency {s['concurrency']})"
     words += (
-        ". Beyond that, more processes compete with Postgres for the same cores; "
-        "each claim round commits once for up to C jobs, so concurrency cuts the "
-        "commits per job."
+        f". With {_cores(rep)} cores shared by the workers and Postgres, processes "
+        "beyond the core count add no throughput, only Postgres CPU per job; each "
+        "claim round commits once for up to C jobs, so concurrency cuts the commits "
+        "(and the CPU) per job."
     )
     rep.add(words, "")
     rep.add(
@@ -435,6 +437,11 @@ def drain(rep: Report, doc: dict[str, Any]) -> None:
             ],
         )
     )
+
+
+def _cores(rep: Report) -> str:
+    run = _load(rep.results / "run.json") or {}
+    return str(run.get("machine", {}).get("cores", "the"))
 
 
 # ------------------------------------------------------------------ steady
@@ -539,15 +546,17 @@ def _steady_knee(rep: Report, measured: list[dict[str, Any]]) -> None:
         top = max(kept_up, key=lambda p: p["locust"].jobs_per_s)
         words = (
             f"**Knee.** The fleet keeps pickup p99 under a second up to about "
-            f"**{top['locust'].jobs_per_s:,.0f} jobs/s** offered (p50 "
+            f"**{top['locust'].jobs_per_s:,.0f} jobs/s** enqueued (p50 "
             f"{_ms(top['pickup']['p50'])} ms, p99 {_ms(top['pickup']['p99'])} ms there)"
         )
         beyond = [p for p in measured if p["target_rate"] > top["target_rate"]]
         if beyond:
             b = beyond[0]
+            backlog = max((s["runnable"] for s in b.get("samples", [])), default=0)
             words += (
-                f"; at {b['target_rate']:,.0f} jobs/s offered it achieved "
-                f"{b['locust'].jobs_per_s:,.0f} jobs/s with pickup p99 {_ms(b['pickup']['p99'])} ms"
+                f"; at {b['target_rate']:,.0f} jobs/s offered the API still accepted "
+                f"{b['locust'].jobs_per_s:,.0f} jobs/s, but the workers fell behind: the "
+                f"backlog reached {backlog:,} jobs and pickup p99 {_ms(b['pickup']['p99'])} ms"
             )
         rep.add(words + ".", "")
         rep.headline["steady_keeps_up_to"] = round(top["locust"].jobs_per_s)
