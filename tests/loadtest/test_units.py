@@ -139,3 +139,16 @@ def test_locust_stats_are_summarised_in_jobs(tmp_path: Path) -> None:
     assert s.jobs == 98 * 10 + 10  # failed requests carried no committed job
     assert s.jobs_per_s == pytest.approx(50 * 10 + 5)
     assert (s.p50_ms, s.p95_ms, s.p99_ms) == (3, 8, 12)
+
+
+def test_the_committed_full_run_rebuilds_into_a_consistent_report(tmp_path: Path) -> None:
+    runs = sorted((Path(__file__).resolve().parents[2] / "loadtest" / "reports").iterdir())
+    assert runs, "loadtest/reports/ holds at least one full run"
+    path = report.write_report(runs[-1], out=tmp_path)
+    text = path.read_text()
+    assert "a notification per commit caps single-job enqueue at about" in text
+    assert "Coalescing lifts it to about" in text
+    assert "**Verdict: bounded**" in text
+    for plot in ("contention_commits.png", "drain_rate.png", "pickup_latency.png", "soak.png"):
+        assert (tmp_path / plot).stat().st_size > 10_000
+    assert "FAILED" not in text
