@@ -6,7 +6,11 @@ BENCH_DSN ?= $(or $(PGFLEET_BENCH_DSN),postgresql://postgres@127.0.0.1:5432/post
 BENCH_ARGS ?=
 FLEET_ARGS ?=
 
-.PHONY: help venv test lint format bench fleet clean
+SCENARIO ?= all
+PROFILE ?= full
+LOADTEST_ARGS ?=
+
+.PHONY: help venv test lint format bench fleet loadtest loadtest-smoke clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -31,13 +35,13 @@ test: venv ## run the test suite against a real PostgreSQL (see README: finding 
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff (lint + format check) and mypy --strict on pgfleet/
-	$(VENV)/bin/ruff check pgfleet tests tools worker
-	$(VENV)/bin/ruff format --check pgfleet tests tools worker
+	$(VENV)/bin/ruff check pgfleet tests tools worker loadtest
+	$(VENV)/bin/ruff format --check pgfleet tests tools worker loadtest
 	$(VENV)/bin/mypy pgfleet
 
 format: venv ## apply ruff's formatting and safe fixes
-	$(VENV)/bin/ruff format pgfleet tests tools worker
-	$(VENV)/bin/ruff check --fix pgfleet tests tools worker
+	$(VENV)/bin/ruff format pgfleet tests tools worker loadtest
+	$(VENV)/bin/ruff check --fix pgfleet tests tools worker loadtest
 
 bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
 	mkdir -p bench-results
@@ -45,6 +49,12 @@ bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARG
 
 fleet: $(VENV)/.fleet-installed ## run the fleet without Docker until Ctrl-C (FLEET_ARGS='--processes 5 --rate 50')
 	$(PY) -m tools.fleet $(FLEET_ARGS)
+
+loadtest: venv ## Locust scenarios + capacity report: SCENARIO=contention|drain|steady|soak|all PROFILE=full|smoke
+	$(PY) -m loadtest.run $(SCENARIO) --profile $(PROFILE) $(LOADTEST_ARGS)
+
+loadtest-smoke: venv ## every load-test scenario for a few seconds, then the report (about a minute)
+	$(PY) -m loadtest.run all --profile smoke $(LOADTEST_ARGS)
 
 clean: ## remove the virtualenv, caches and the native fleet's state (.fleet: database, logs)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results .fleet

@@ -107,6 +107,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the Registry whose job names --strict accepts, as module:attribute [PGFLEET_APP]",
     )
     parser.add_argument(
+        "--notify",
+        default=env_default("API_NOTIFY", "coalesced"),
+        help="how enqueues wake workers: coalesced (one NOTIFY per burst, after the "
+        "commit), transaction (a NOTIFY inside every enqueue transaction) or off "
+        "(workers poll) [PGFLEET_API_NOTIFY] (default coalesced)",
+    )
+    parser.add_argument(
         "--strict",
         action="store_true",
         default=env_default("API_STRICT", "") not in ("", "0", "false"),
@@ -143,6 +150,11 @@ def _check(args: argparse.Namespace) -> None:
         raise fail("--auth-token is empty: give a token or leave it unset")
     if args.metrics_port and args.metrics_port == args.port and args.metrics_host == args.host:
         raise fail("--metrics-port must differ from --port: metrics are not served on the API")
+    from pgfleet.queue import NotifyMode
+
+    modes = [mode.value for mode in NotifyMode]
+    if args.notify not in modes:
+        raise fail(f"--notify must be one of {', '.join(modes)}, got {args.notify!r}")
     if args.strict and not args.app:
         raise fail("--strict needs --app module:registry (the job names to accept)")
 
@@ -167,6 +179,18 @@ def build_config(args: argparse.Namespace) -> Any:
     )
 
 
+def make_queue(pool: Any, args: argparse.Namespace, config: Any) -> Any:
+    """The API's Queue: its limits and the ``--notify`` mode."""
+    from pgfleet.queue import NotifyMode, Queue
+
+    return Queue(
+        pool,
+        notify=NotifyMode(args.notify),
+        max_payload_bytes=config.max_payload_bytes,
+        known_names=config.known_names,
+    )
+
+
 async def serve(args: argparse.Namespace, config: Any) -> int:
     """Run the API until signalled and drained. Returns the exit code."""
     from prometheus_client import CollectorRegistry
@@ -184,9 +208,7 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
         args.dsn, min_size=0, max_size=args.pool_size, timeout=CONNECT_TIMEOUT
     )
     registry = CollectorRegistry()
-    queue = pgfleet.Queue(
-        pool, max_payload_bytes=config.max_payload_bytes, known_names=config.known_names
-    )
+    queue = make_queue(pool, args, config)
     queue.on_enqueued = ProcessMetrics(registry, worker=False).count_enqueued
     # The API competes for the fleet's metrics lease too: the backlog gauges keep
     # coming while every worker is down, which is when they matter most.
@@ -247,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
     except (PgfleetError, AppError) as exc:
         raise SystemExit(f"pgfleet api: {exc}") from None
     loop_name = install_uvloop()
-    log.info("pgfleet api starting on %s", loop_name)
+    log.info("pgfleet api starting on %s (notify: %s)", loop_name, args.notify)
     try:
         return asyncio.run(serve(args, config))
     except (PgfleetError, PortInUse) as exc:

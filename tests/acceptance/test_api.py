@@ -632,6 +632,7 @@ async def test_missing_schema_gives_503_without_retry_after(
         (["--strict"], "--strict needs --app"),
         (["--strict", "--app", "no_such_module:registry"], "cannot import 'no_such_module'"),
         (["--auth-token", " "], "--auth-token is empty"),
+        (["--notify", "sometimes"], "--notify must be one of coalesced, transaction, off"),
         (["--dsn", "mysql://localhost/db"], "must start with postgresql://"),
     ],
 )

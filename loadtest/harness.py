@@ -1,0 +1,277 @@
+"""Processes of a load-test run: Postgres, a scratch database, workers, the API, Locust.
+
+Kept small on purpose: each process is ``python -m pgfleet ...`` or
+``python -m locust ...`` with its output in a log file, stopped with SIGTERM and
+killed if it lingers. Nothing here imports gevent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+import asyncpg
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
+LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+SCRATCH_DB = "pgfleet_loadtest"
+APP = "worker.app:registry"
+#: How long a started process gets to become ready.
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 45.0
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
+    """Poll ``check`` until truthy: waiting on another process, which has no event."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+async def _connects(dsn: str) -> bool:
+    try:
+        conn = await asyncpg.connect(dsn, timeout=5)
+    except Exception:
+        return False
+    await conn.close()
+    return True
+
+
+@dataclass
+class Postgres:
+    """A server the harness may create databases on."""
+
+    admin_dsn: str
+    source: str
+    _cleanup: list[Callable[[], Any]] = field(default_factory=list)
+
+    def close(self) -> None:
+        for fn in reversed(self._cleanup):
+            with contextlib.suppress(Exception):
+                fn()
+
+
+async def find_postgres() -> Postgres:
+    """``PGFLEET_DATABASE_URL``, else a server on 127.0.0.1:5432, else an embedded
+    server from the ``pgserver`` wheel (the ``embedded`` extra)."""
+    given = os.environ.get("PGFLEET_DATABASE_URL")
+    if given:
+        return Postgres(given, "PGFLEET_DATABASE_URL")
+    if await _connects(LOCAL_DSN):
+        return Postgres(LOCAL_DSN, "local server on 127.0.0.1:5432")
+    try:
+        import pgserver  # type: ignore[import-untyped]
+    except ImportError:
+        raise SystemExit(
+            "no PostgreSQL: set PGFLEET_DATABASE_URL, run one on 127.0.0.1:5432, "
+            "or install the embedded extra (pip install 'pgfleet[embedded]')"
+        ) from None
+    data = tempfile.mkdtemp(prefix="pgfleet-loadtest-pgdata-")
+    server = pgserver.get_server(data, cleanup_mode="stop")
+    pg = Postgres(server.get_uri(), "embedded pgserver")
+    pg._cleanup.append(lambda: shutil.rmtree(data, ignore_errors=True))
+    pg._cleanup.append(server.cleanup)
+    return pg
+
+
+async def fresh_database(pg: Postgres, name: str = SCRATCH_DB) -> str:
+    """Drop and create the scratch database, migrate it, return its DSN."""
+    import pgfleet
+
+    admin = await asyncpg.connect(pg.admin_dsn)
+    try:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.execute(f'CREATE DATABASE "{name}"')
+    finally:
+        await admin.close()
+    dsn = with_database(pg.admin_dsn, name)
+    conn = await asyncpg.connect(dsn)
+    try:
+        await pgfleet.migrate(conn)
+    finally:
+        await conn.close()
+    return dsn
+
+
+@dataclass
+class Proc:
+    name: str
+    process: asyncio.subprocess.Process
+    log: Path
+
+    @property
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    def output(self, tail: int = 4000) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return text[-tail:]
+
+    async def stop(self, timeout: float = STOP_TIMEOUT) -> int:
+        """SIGTERM (a graceful drain), SIGKILL if it does not exit in time."""
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.send_signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.process.wait(), timeout)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                self.process.kill()
+            return await self.process.wait()
+
+
+class Processes:
+    """Starts the run's processes, logs each to a file, and stops what is left."""
+
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self._procs: list[Proc] = []
+        self._count = 0
+
+    async def spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._count += 1
+        log = self.log_dir / f"{self._count:03d}-{name}.log"
+        child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        with log.open("wb") as out:
+            process = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=str(ROOT),
+                env=child_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+        proc = Proc(name, process, log)
+        self._procs.append(proc)
+        return proc
+
+    async def workers(self, dsn: str, processes: int, concurrency: int, *extra: str) -> Proc:
+        """``pgfleet worker`` with ``processes`` children; returns once each
+        registered a live heartbeat."""
+        argv = [sys.executable, "-m", "pgfleet", "worker", "--dsn", dsn, "--app", APP]
+        argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
+        argv += ["--metrics-port", "0", "--log-level", "warning", *extra]
+        proc = await self.spawn(f"worker-{processes}x{concurrency}", argv)
+        conn = await asyncpg.connect(dsn)
+        try:
+
+            async def registered() -> bool:
+                if not proc.alive:
+                    raise RuntimeError(f"pgfleet worker exited:\n{proc.output()}")
+                n = await conn.fetchval(
+                    "SELECT count(*) FROM pgfleet.workers WHERE expires_at > now()"
+                )
+                return bool(n >= processes)
+
+            await until(registered, START_TIMEOUT, f"{processes} worker process(es)")
+        finally:
+            await conn.close()
+        return proc
+
+    async def api(self, dsn: str, notify: str, pool_size: int) -> tuple[Proc, str]:
+        """``pgfleet api`` on a free port; returns it with its base URL once it answers."""
+        for _attempt in range(3):  # a free port can be taken before the child binds it
+            port = free_port()
+            argv = [sys.executable, "-m", "pgfleet", "api", "--dsn", dsn, "--port", str(port)]
+            argv += ["--metrics-port", "0", "--notify", notify, "--pool-size", str(pool_size)]
+            argv += ["--log-level", "warning"]
+            proc = await self.spawn(f"api-{notify}", argv)
+            url = f"http://127.0.0.1:{port}"
+            if await _answers(proc, f"{url}/readyz"):
+                return proc, url
+            if "cannot listen" not in proc.output():
+                break
+        raise RuntimeError(f"pgfleet api did not start:\n{proc.output()}")
+
+    async def stop_all(self) -> None:
+        for proc in reversed(self._procs):
+            if proc.alive:
+                await proc.stop()
+
+
+async def _answers(proc: Proc, url: str) -> bool:
+    async with aiohttp.ClientSession() as session:
+
+        async def ready() -> bool:
+            if not proc.alive:
+                return True
+            try:
+                async with session.get(url) as resp:
+                    return resp.status == 200
+            except aiohttp.ClientError:
+                return False
+
+        await until(ready, START_TIMEOUT, url)
+    return proc.alive
+
+
+@dataclass
+class LocustRun:
+    """One headless Locust run: its CSV prefix and exit code."""
+
+    csv_prefix: Path
+    returncode: int
+    log: Path
+    seconds: float
+
+
+async def run_locust(
+    procs: Processes,
+    *,
+    user: str,
+    csv_prefix: Path,
+    users: int,
+    seconds: float,
+    host: str | None = None,
+    options: dict[str, Any] | None = None,
+) -> LocustRun:
+    """``python -m locust`` headless with CSVs (full history) for one measurement.
+
+    ``options`` become ``--name value`` flags of the pgfleet Locust options. Users
+    finish the request in hand when the time is up (``--stop-timeout``), so every
+    request Locust counts has its answer, and every job it counts is committed.
+    """
+    csv_prefix.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless"]
+    argv += ["-u", str(users), "-r", str(users), "-t", f"{max(1, round(seconds))}s"]
+    argv += ["--csv", str(csv_prefix), "--csv-full-history", "--stop-timeout", "15"]
+    argv += ["--only-summary", "--loglevel", "INFO"]
+    if host:
+        argv += ["--host", host]
+    for key, value in (options or {}).items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    started = time.monotonic()
+    proc = await procs.spawn(f"locust-{csv_prefix.name}", argv, env={"LOADTEST_USER": user})
+    code = await proc.process.wait()
+    return LocustRun(csv_prefix, code, proc.log, time.monotonic() - started)

@@ -1,0 +1,277 @@
+"""The fleet's own numbers, sampled from Postgres while Locust runs.
+
+Everything is measured on the database clock. Postgres CPU is read from
+``/proc/<pid>/stat`` (utime + stime) of the server's processes, which works when
+the server runs on this machine (the native fleet, the embedded server);
+``pg_stat_statements`` is not used because it needs a server restart to preload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+# Runnable backlog (partial index jobs_runnable), its oldest job, and running jobs.
+QUEUE_SAMPLE = """
+SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8 AS t,
+       count(*) FILTER (WHERE run_at <= now()) AS runnable,
+       COALESCE(EXTRACT(EPOCH FROM now() - min(run_at) FILTER (WHERE run_at <= now())), 0)::float8
+           AS oldest_age,
+       (SELECT count(*) FROM pgfleet.jobs WHERE status = 'running') AS running
+FROM pgfleet.jobs WHERE status = 'queued'
+"""
+
+TABLE_SAMPLE = """
+SELECT pg_total_relation_size('pgfleet.jobs') AS total_bytes,
+       pg_relation_size('pgfleet.jobs') AS heap_bytes,
+       s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
+       s.vacuum_count + s.autovacuum_count AS vacuums,
+       s.n_tup_ins AS inserted, s.n_tup_del AS deleted
+FROM pg_stat_user_tables s WHERE s.relid = 'pgfleet.jobs'::regclass
+"""
+
+# The processes whose CPU a run costs: client backends of this database (other
+# databases on a shared server are someone else's) and the server's background
+# processes (WAL writer, checkpointer, ...), minus the sampler's own backend.
+CPU_PIDS = """
+SELECT pid, backend_type = 'client backend' AND datname = current_database() AS ours
+FROM pg_stat_activity
+WHERE pid <> pg_backend_pid()
+  AND (datname = current_database() OR datname IS NULL)
+"""
+
+STATUS_COUNTS = """
+SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs
+WHERE created_at >= to_timestamp($1) GROUP BY status
+"""
+
+PICKUP = """
+SELECT count(*) AS n,
+       percentile_cont(ARRAY[0.5, 0.9, 0.95, 0.99]) WITHIN GROUP (ORDER BY d) AS p,
+       max(d) AS max
+FROM (SELECT EXTRACT(EPOCH FROM started_at - run_at)::float8 AS d FROM pgfleet.jobs
+      WHERE created_at >= to_timestamp($1) AND started_at IS NOT NULL) AS delays
+"""
+
+CREATED_SPAN = """
+SELECT count(*) AS n, EXTRACT(EPOCH FROM max(created_at) - min(created_at))::float8 AS span
+FROM pgfleet.jobs WHERE created_at >= to_timestamp($1)
+"""
+
+DRAIN_SPAN = """
+SELECT count(*) AS n,
+       EXTRACT(EPOCH FROM max(finished_at) - min(started_at))::float8 AS span
+FROM pgfleet.jobs WHERE status = 'succeeded'
+"""
+
+
+def proc_ticks(pid: int) -> int | None:
+    """utime + stime of a process in clock ticks, or None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = raw.rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _is_postgres_process(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().startswith("postgres")
+    except OSError:
+        return False
+
+
+async def server_is_local(conn: asyncpg.Connection) -> bool:
+    """Whether our own backend is a process of this machine (so /proc has its CPU)."""
+    return _is_postgres_process(await conn.fetchval("SELECT pg_backend_pid()"))
+
+
+@dataclass
+class CpuMeter:
+    """Postgres CPU over a window. Each sample records every relevant process;
+    a process's CPU is its last reading minus its first (0 for one born inside the
+    window), so backends that exit between samples lose only their last interval."""
+
+    first: dict[int, int] = field(default_factory=dict)
+    last: dict[int, int] = field(default_factory=dict)
+    ours: set[int] = field(default_factory=set)
+    started: bool = False
+
+    async def sample(self, conn: asyncpg.Connection) -> None:
+        for row in await conn.fetch(CPU_PIDS):
+            ticks = proc_ticks(row["pid"])
+            if ticks is None:
+                continue
+            if row["pid"] not in self.first:
+                self.first[row["pid"]] = ticks if not self.started else 0
+            self.last[row["pid"]] = ticks
+            if row["ours"]:
+                self.ours.add(row["pid"])
+        self.started = True
+
+    def seconds(self) -> dict[str, float]:
+        backends = background = 0
+        for pid, last in self.last.items():
+            used = last - self.first[pid]
+            if pid in self.ours:
+                backends += used
+            else:
+                background += used
+        return {
+            "backends": backends / CLOCK_TICKS,
+            "background": background / CLOCK_TICKS,
+            "total": (backends + background) / CLOCK_TICKS,
+        }
+
+
+class Sampler:
+    """Takes a row every ``interval`` seconds in a background task while a run goes on."""
+
+    def __init__(
+        self,
+        dsn: str,
+        interval: float,
+        *,
+        queue: bool = True,
+        table: bool = False,
+        cpu: CpuMeter | None = None,
+    ) -> None:
+        self._dsn = dsn
+        self._interval = interval
+        self._queue = queue
+        self._table = table
+        self._cpu = cpu
+        self.rows: list[dict[str, Any]] = []
+        self._task: asyncio.Task[None] | None = None
+        self._conn: asyncpg.Connection | None = None
+
+    async def __aenter__(self) -> Sampler:
+        self._conn = await asyncpg.connect(self._dsn)
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        assert self._conn is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        await self.take()  # a last row at the end of the window
+        await self._conn.close()
+
+    async def _run(self) -> None:
+        next_at = time.monotonic()
+        while True:
+            await self.take()
+            next_at += self._interval
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+
+    async def take(self) -> None:
+        assert self._conn is not None
+        row: dict[str, Any] = {}
+        if self._queue:
+            row.update(dict(await self._conn.fetchrow(QUEUE_SAMPLE)))
+        if self._table:
+            row.update(dict(await self._conn.fetchrow(TABLE_SAMPLE)))
+        if self._cpu is not None:
+            await self._cpu.sample(self._conn)
+        if row:
+            self.rows.append(row)
+
+
+async def db_now(conn: asyncpg.Connection) -> float:
+    return float(await conn.fetchval("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8"))
+
+
+async def status_counts(conn: asyncpg.Connection, since: float) -> dict[str, int]:
+    return {r["status"]: int(r["n"]) for r in await conn.fetch(STATUS_COUNTS, since)}
+
+
+async def pickup_delays(conn: asyncpg.Connection, since: float) -> dict[str, Any]:
+    row = await conn.fetchrow(PICKUP, since)
+    p = row["p"] or [None] * 4
+    return {
+        "jobs": int(row["n"]),
+        "p50": p[0],
+        "p90": p[1],
+        "p95": p[2],
+        "p99": p[3],
+        "max": row["max"],
+    }
+
+
+async def wait_drained(conn: asyncpg.Connection, timeout: float) -> None:
+    """Until nothing is queued (due now) or running."""
+
+    async def drained() -> bool:
+        row = await conn.fetchrow(QUEUE_SAMPLE)
+        return bool(row["runnable"] == 0 and row["running"] == 0)
+
+    from loadtest.harness import until
+
+    await until(drained, timeout, "the backlog to drain")
+
+
+async def server_facts(conn: asyncpg.Connection) -> dict[str, Any]:
+    """Postgres version and the settings that decide commit and vacuum behaviour."""
+    names = [
+        "fsync",
+        "synchronous_commit",
+        "wal_sync_method",
+        "commit_delay",
+        "shared_buffers",
+        "max_connections",
+        "autovacuum",
+        "checkpoint_timeout",
+        "max_wal_size",
+        "wal_level",
+    ]
+    rows = await conn.fetch(
+        "SELECT name, setting, unit FROM pg_settings WHERE name = ANY($1::text[])", names
+    )
+    settings = {}
+    for r in rows:
+        value = r["setting"]
+        if r["name"] == "shared_buffers":
+            value = f"{int(r['setting']) * 8 // 1024} MB"
+        elif r["unit"] in ("s", "ms", "MB"):
+            value = f"{value} {r['unit']}"
+        settings[r["name"]] = value
+    return {
+        "version": await conn.fetchval("SHOW server_version"),
+        "settings": {n: settings.get(n) for n in names},
+        "local": await server_is_local(conn),
+    }
+
+
+def machine_facts() -> dict[str, Any]:
+    import platform
+
+    memory = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = round(int(line.split()[1]) / 1024 / 1024, 1)
+    model = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "memory_gib": memory,
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+    }

@@ -1,0 +1,491 @@
+"""The four scenarios, each a named and parameterised run of measurement points.
+
+A point is one headless Locust run (CSVs under ``<scenario>/<point>_*.csv``) plus
+what the harness sampled from Postgres around it; ``points.json`` of each
+scenario lists them for :mod:`loadtest.report`.
+
+- ``contention``: producers committing single-job and small-batch transactions
+  with a notification per commit, coalesced, or none; nothing drains them.
+- ``drain``: a fixed backlog (loaded by Locust in big batches) drained by 1, 2,
+  4 ... worker processes at several concurrencies.
+- ``steady``: target enqueue rates through the jobs API with workers running.
+- ``soak``: one long steady run with short retention: backlog, table size and
+  dead tuples must stay bounded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+
+from loadtest import sampling
+from loadtest.harness import Processes, run_locust
+
+DRAIN_TIMEOUT = 600.0
+
+
+@dataclass(frozen=True)
+class Contention:
+    producers: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    modes: tuple[str, ...] = ("transaction", "coalesced", "off")
+    batches: tuple[int, ...] = (1, 10)
+    seconds: float = 8
+    #: Producer counts of the same sweep through the HTTP API (batch 1); () skips it.
+    http_producers: tuple[int, ...] = (4, 16, 64)
+
+
+@dataclass(frozen=True)
+class Drain:
+    # Large enough that the fastest drain lasts seconds, not one worker's start-up.
+    backlog: int = 50_000
+    processes: tuple[int, ...] = (1, 2, 4)
+    concurrencies: tuple[int, ...] = (4, 16, 64)
+    load_batch: int = 1000
+    pool_size: int = 6
+
+
+@dataclass(frozen=True)
+class Steady:
+    rates: tuple[float, ...] = (100, 300, 1000, 2000, 3000, 4000)
+    seconds: float = 30
+    users: int = 16
+    batch: int = 10
+    worker_processes: int = 2
+    concurrency: int = 16
+    pool_size: int = 6
+    sample_interval: float = 0.5
+
+
+@dataclass(frozen=True)
+class Soak:
+    rate: float = 500
+    seconds: float = 360
+    users: int = 8
+    batch: int = 10
+    worker_processes: int = 2
+    concurrency: int = 16
+    pool_size: int = 6
+    retention_seconds: float = 30
+    sample_interval: float = 2.0
+
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "full": {
+        "contention": Contention(),
+        "drain": Drain(),
+        "steady": Steady(),
+        "soak": Soak(),
+    },
+    # Seconds per scenario: what CI runs (tests/loadtest/test_smoke.py).
+    "smoke": {
+        "contention": Contention(
+            producers=(2, 8), modes=("transaction", "coalesced", "off"), batches=(1, 5),
+            seconds=2, http_producers=(4,),
+        ),
+        "drain": Drain(backlog=400, processes=(1, 2), concurrencies=(4,), load_batch=100),
+        "steady": Steady(rates=(100, 300), seconds=3, users=4, batch=5, worker_processes=1),
+        "soak": Soak(rate=150, seconds=6, users=2, batch=5, worker_processes=1,
+                     retention_seconds=2, sample_interval=1.0),
+    },
+}  # fmt: skip
+
+SCENARIOS = ("contention", "drain", "steady", "soak")
+
+
+def override(params: Any, assignments: list[str]) -> Any:
+    """Apply ``field=value`` strings (lists comma-separated) to a parameter dataclass."""
+    changes: dict[str, Any] = {}
+    fields = {f.name: f for f in dataclasses.fields(params)}
+    for assignment in assignments:
+        key, sep, raw = assignment.partition("=")
+        if not sep or key not in fields:
+            raise SystemExit(f"unknown parameter {key!r}; one of: {', '.join(fields)}")
+        current = getattr(params, key)
+        if isinstance(current, tuple):
+            kind = type(current[0]) if current else str
+            changes[key] = tuple(kind(v) for v in raw.split(",") if v)
+        else:
+            changes[key] = type(current)(raw)
+    return dataclasses.replace(params, **changes)
+
+
+@dataclass
+class Context:
+    dsn: str | None  # None: no database access (an external fleet without a DSN)
+    out: Path
+    procs: Processes
+    native: bool
+    host: str | None = None  # the jobs API of an external fleet
+    cpu: bool = False
+
+    def dir(self, scenario: str) -> Path:
+        path = self.out / scenario
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+
+def _write_points(ctx: Context, scenario: str, params: Any, points: list[dict[str, Any]]) -> None:
+    doc = {"scenario": scenario, "params": dataclasses.asdict(params), "points": points}
+    (ctx.dir(scenario) / "points.json").write_text(json.dumps(doc, indent=1, default=str))
+
+
+async def _connect(ctx: Context) -> asyncpg.Connection:
+    assert ctx.dsn is not None
+    return await asyncpg.connect(ctx.dsn)
+
+
+# ------------------------------------------------------------------ contention
+
+
+class _Listener:
+    """A LISTEN session, as a worker's: notifications are delivered, and counted."""
+
+    def __init__(self) -> None:
+        self.received = 0
+        self.conn: asyncpg.Connection | None = None
+
+    async def start(self, dsn: str) -> None:
+        self.conn = await asyncpg.connect(dsn)
+        await self.conn.add_listener("pgfleet_jobs", self._on)
+
+    def _on(self, *_args: Any) -> None:
+        self.received += 1
+
+    async def close(self) -> None:
+        if self.conn is not None:
+            await self.conn.close()
+
+
+async def contention(ctx: Context, p: Contention) -> list[dict[str, Any]]:
+    if ctx.dsn is None:
+        raise SystemExit("contention needs the database (PGFLEET_DATABASE_URL)")
+    points: list[dict[str, Any]] = []
+    listener = _Listener()
+    await listener.start(ctx.dsn)
+    conn = await _connect(ctx)
+    try:
+        for batch in p.batches:
+            for producers in p.producers:
+                for mode in p.modes:
+                    points.append(
+                        await _contention_point(
+                            ctx, conn, listener, "db", mode, batch, producers, p
+                        )
+                    )
+                    _write_points(ctx, "contention", p, points)
+        if p.http_producers:
+            points += await _contention_http(ctx, conn, listener, p)
+            _write_points(ctx, "contention", p, points)
+    finally:
+        await listener.close()
+        await conn.close()
+    return points
+
+
+async def _contention_http(
+    ctx: Context, conn: asyncpg.Connection, listener: _Listener, p: Contention
+) -> list[dict[str, Any]]:
+    points = []
+    if not ctx.native:
+        # The external fleet's API has whatever notify mode it was started with.
+        for producers in p.http_producers:
+            points.append(
+                await _contention_point(
+                    ctx, conn, listener, "http", "external", 1, producers, p, ctx.host
+                )
+            )
+        return points
+    assert ctx.dsn is not None
+    for mode in p.modes:
+        api, url = await ctx.procs.api(ctx.dsn, mode, pool_size=max(p.http_producers))
+        try:
+            for producers in p.http_producers:
+                points.append(
+                    await _contention_point(ctx, conn, listener, "http", mode, 1, producers, p, url)
+                )
+        finally:
+            await api.stop()
+    return points
+
+
+async def _contention_point(
+    ctx: Context,
+    conn: asyncpg.Connection,
+    listener: _Listener,
+    user: str,
+    mode: str,
+    batch: int,
+    producers: int,
+    p: Contention,
+    host: str | None = None,
+) -> dict[str, Any]:
+    name = f"{user}-{mode}-b{batch}-p{producers}"
+    if ctx.native:
+        await conn.execute("TRUNCATE pgfleet.jobs")
+    t0 = await sampling.db_now(conn)
+    cpu = sampling.CpuMeter() if ctx.cpu else None
+    if cpu is not None:
+        await cpu.sample(conn)
+    received = listener.received
+    options: dict[str, Any] = {"batch_size": batch, "max_failure_ratio": 0}
+    if user == "db":
+        options |= {"notify": mode, "dsn": ctx.dsn}
+    # The producers' backends exit with Locust: the CPU meter samples them while
+    # they run (every 0.25 s), so each loses at most its last quarter second.
+    assert ctx.dsn is not None
+    async with sampling.Sampler(ctx.dsn, 0.25, queue=False, cpu=cpu):
+        run = await run_locust(
+            ctx.procs,
+            user=user,
+            csv_prefix=ctx.dir("contention") / name,
+            users=producers,
+            seconds=p.seconds,
+            host=host,
+            options=options,
+        )
+    span = await conn.fetchrow(sampling.CREATED_SPAN, t0)
+    return {
+        "name": name,
+        "csv": f"contention/{name}",
+        "user": user,
+        "notify": mode,
+        "batch": batch,
+        "producers": producers,
+        "seconds": p.seconds,
+        "locust_exit": run.returncode,
+        "jobs_committed": int(span["n"]),
+        # created_at is each transaction's start: first to last commit, on the server.
+        "db_span_seconds": span["span"],
+        "notifications_received": listener.received - received,
+        "pg_cpu_seconds": cpu.seconds() if cpu is not None else None,
+    }
+
+
+# ------------------------------------------------------------------ drain
+
+
+async def drain(ctx: Context, p: Drain) -> list[dict[str, Any]]:
+    if not ctx.native or ctx.dsn is None:
+        raise SystemExit("drain starts worker processes itself: it needs the native fleet")
+    points: list[dict[str, Any]] = []
+    conn = await _connect(ctx)
+    try:
+        for processes in p.processes:
+            for concurrency in p.concurrencies:
+                points.append(await _drain_point(ctx, conn, processes, concurrency, p))
+                _write_points(ctx, "drain", p, points)
+    finally:
+        await conn.close()
+    return points
+
+
+async def _drain_point(
+    ctx: Context, conn: asyncpg.Connection, processes: int, concurrency: int, p: Drain
+) -> dict[str, Any]:
+    assert ctx.dsn is not None
+    name = f"load-w{processes}-c{concurrency}"
+    await conn.execute("TRUNCATE pgfleet.jobs")
+    await conn.execute("DELETE FROM pgfleet.workers")
+    load = await run_locust(
+        ctx.procs,
+        user="db",
+        csv_prefix=ctx.dir("drain") / name,
+        users=2,
+        seconds=600,
+        options={
+            "batch_size": p.load_batch,
+            "total_jobs": p.backlog,
+            "notify": "off",
+            "dsn": ctx.dsn,
+            "max_failure_ratio": 0,
+        },
+    )
+    queued = await conn.fetchval("SELECT count(*) FROM pgfleet.jobs WHERE status = 'queued'")
+    await conn.execute("VACUUM (ANALYZE) pgfleet.jobs")
+    cpu = sampling.CpuMeter() if ctx.cpu else None
+    if cpu is not None:
+        await cpu.sample(conn)
+    started = time.monotonic()
+    workers = await ctx.procs.workers(
+        ctx.dsn, processes, concurrency, "--pool-size", str(p.pool_size)
+    )
+    try:
+        async with sampling.Sampler(ctx.dsn, 0.25, cpu=cpu):
+            await sampling.wait_drained(conn, DRAIN_TIMEOUT)
+        wall = time.monotonic() - started
+    finally:
+        await workers.stop()
+    span = await conn.fetchrow(sampling.DRAIN_SPAN)
+    done = int(span["n"])
+    return {
+        "name": name,
+        "csv": f"drain/{name}",
+        "processes": processes,
+        "concurrency": concurrency,
+        "backlog": p.backlog,
+        "locust_exit": load.returncode,
+        "jobs_queued": queued,
+        "jobs_done": done,
+        "drain_seconds": span["span"],
+        "wall_seconds": wall,
+        "pg_cpu_seconds": cpu.seconds() if cpu is not None else None,
+    }
+
+
+# ------------------------------------------------------------------ steady + soak
+
+
+async def _fleet(
+    ctx: Context, processes: int, concurrency: int, pool_size: int, *extra: str
+) -> tuple[list[Any], str]:
+    """Workers and a coalescing API (native), or the external fleet's API."""
+    if not ctx.native:
+        if not ctx.host:
+            raise SystemExit("an external fleet needs LOCUST_HOST (the jobs API)")
+        return [], ctx.host
+    assert ctx.dsn is not None
+    workers = await ctx.procs.workers(
+        ctx.dsn, processes, concurrency, "--pool-size", str(pool_size), *extra
+    )
+    api, url = await ctx.procs.api(ctx.dsn, "coalesced", pool_size=16)
+    return [api, workers], url
+
+
+async def steady(ctx: Context, p: Steady) -> list[dict[str, Any]]:
+    points: list[dict[str, Any]] = []
+    stoppable, url = await _fleet(ctx, p.worker_processes, p.concurrency, p.pool_size)
+    conn = await _connect(ctx) if ctx.dsn else None
+    try:
+        for rate in p.rates:
+            points.append(await _steady_point(ctx, conn, url, rate, p))
+            _write_points(ctx, "steady", p, points)
+    finally:
+        for proc in stoppable:
+            await proc.stop()
+        if conn is not None:
+            await conn.close()
+    return points
+
+
+async def _steady_point(
+    ctx: Context, conn: asyncpg.Connection | None, url: str, rate: float, p: Steady
+) -> dict[str, Any]:
+    name = f"rate{rate:g}"
+    options = {"batch_size": p.batch, "target_rate": rate, "max_failure_ratio": 0}
+    point: dict[str, Any] = {
+        "name": name,
+        "csv": f"steady/{name}",
+        "target_rate": rate,
+        "batch": p.batch,
+        "users": p.users,
+        "worker_processes": p.worker_processes,
+        "concurrency": p.concurrency,
+    }
+    if conn is None or ctx.dsn is None:
+        run = await _locust_http(ctx, name, "steady", url, p.users, p.seconds, options)
+        return point | {"locust_exit": run.returncode}
+    if ctx.native:
+        await conn.execute("TRUNCATE pgfleet.jobs")
+    t0 = await sampling.db_now(conn)
+    async with sampling.Sampler(ctx.dsn, p.sample_interval) as sampler:
+        run = await _locust_http(ctx, name, "steady", url, p.users, p.seconds, options)
+    await sampling.wait_drained(conn, DRAIN_TIMEOUT)
+    counts = await sampling.status_counts(conn, t0)
+    return point | {
+        "locust_exit": run.returncode,
+        "t0": t0,
+        "jobs_committed": sum(counts.values()),
+        "jobs_done": counts.get("succeeded", 0),
+        "statuses": counts,
+        "pickup": await sampling.pickup_delays(conn, t0),
+        "samples": sampler.rows,
+    }
+
+
+async def _locust_http(
+    ctx: Context, name: str, scenario: str, url: str, users: int, seconds: float, options: Any
+) -> Any:
+    return await run_locust(
+        ctx.procs,
+        user="http",
+        csv_prefix=ctx.dir(scenario) / name,
+        users=users,
+        seconds=seconds,
+        host=url,
+        options=options,
+    )
+
+
+async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
+    days = p.retention_seconds / 86400
+    if ctx.native and ctx.dsn is not None:
+        # Before the workers start: their pruning must find only this run's jobs,
+        # since its deletions count them as done.
+        conn = await _connect(ctx)
+        try:
+            await conn.execute("TRUNCATE pgfleet.jobs")
+        finally:
+            await conn.close()
+    stoppable, url = await _fleet(
+        ctx, p.worker_processes, p.concurrency, p.pool_size, "--retention-days", f"{days:.9f}"
+    )
+    name = f"soak-rate{p.rate:g}"
+    options = {"batch_size": p.batch, "target_rate": p.rate, "max_failure_ratio": 0}
+    point: dict[str, Any] = {"name": name, "csv": f"soak/{name}", "target_rate": p.rate}
+    try:
+        if ctx.dsn is None:
+            run = await _locust_http(ctx, name, "soak", url, p.users, p.seconds, options)
+            point["locust_exit"] = run.returncode
+        else:
+            point |= await _soak_measured(ctx, url, name, options, p)
+    finally:
+        for proc in stoppable:
+            await proc.stop()
+    if ctx.dsn is not None:
+        # Stopped backends have flushed their statistics: the counters are final.
+        conn = await _connect(ctx)
+        try:
+            final = dict(await conn.fetchrow(sampling.TABLE_SAMPLE))
+            remaining = await sampling.status_counts(conn, point["t0"])
+        finally:
+            await conn.close()
+        before = point["table_before"]
+        point["jobs_committed"] = final["inserted"] - before["inserted"]
+        point["jobs_pruned"] = final["deleted"] - before["deleted"]
+        point["jobs_done"] = remaining.get("succeeded", 0) + point["jobs_pruned"]
+        point["statuses"] = remaining
+    _write_points(ctx, "soak", p, [point])
+    return [point]
+
+
+async def _soak_measured(
+    ctx: Context, url: str, name: str, options: dict[str, Any], p: Soak
+) -> dict[str, Any]:
+    assert ctx.dsn is not None
+    conn = await _connect(ctx)
+    try:
+        t0 = await sampling.db_now(conn)
+        before = dict(await conn.fetchrow(sampling.TABLE_SAMPLE))
+        async with sampling.Sampler(ctx.dsn, p.sample_interval, table=True) as sampler:
+            run = await _locust_http(ctx, name, "soak", url, p.users, p.seconds, options)
+        await sampling.wait_drained(conn, DRAIN_TIMEOUT)
+        pickup = await sampling.pickup_delays(conn, t0)
+    finally:
+        await conn.close()
+    return {
+        "locust_exit": run.returncode,
+        "t0": t0,
+        "table_before": before,
+        "pickup": pickup,
+        "samples": sampler.rows,
+        "retention_seconds": p.retention_seconds,
+    }
+
+
+RUNNERS = {"contention": contention, "drain": drain, "steady": steady, "soak": soak}
