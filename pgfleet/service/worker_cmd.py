@@ -88,6 +88,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--backoff-base", "BACKOFF_BASE", 1.0, "first retry delay, seconds"),
         ("--backoff-cap", "BACKOFF_CAP", 3600.0, "longest retry delay, seconds"),
         ("--cron-poll-interval", "CRON_POLL_INTERVAL", 5.0, "cron check interval, seconds"),
+        ("--prune-interval", "PRUNE_INTERVAL", 60.0, "how often the leader prunes, seconds"),
     ):
         parser.add_argument(
             flag, type=float, default=env_default(env, default), help=f"{text} [PGFLEET_{env}]"
@@ -170,6 +171,7 @@ def build_config(args: argparse.Namespace) -> Any:
         backoff_base=number("backoff_base"),
         backoff_cap=number("backoff_cap"),
         cron_poll_interval=number("cron_poll_interval"),
+        prune_interval=number("prune_interval"),
         listen=not args.no_listen,
         vacuum=args.vacuum,
     )
