@@ -73,6 +73,10 @@ APP = "tests.apps.runtime_app:registry"
             "poll_interval must be positive",
         ),
         (
+            ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--prune-interval", "0"],
+            "prune_interval must be positive",
+        ),
+        (
             ["migrate", "--dsn", "postgresql://postgres@127.0.0.1:1/x"],
             "cannot connect to the database",
         ),
