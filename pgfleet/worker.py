@@ -579,9 +579,15 @@ class Worker:
                     return
         finally:
             if conn is not None:
-                with contextlib.suppress(Exception):
+                try:
                     await conn.execute(Q.claim_session_end.sql)
-                    await self._pool.release(conn)
+                except Exception:
+                    # Released even so (a live connection kept out of the pool is
+                    # one pool.close() waits for), but closed: its session was not reset.
+                    await self._drop(conn)
+                else:
+                    with contextlib.suppress(Exception):
+                        await self._pool.release(conn)
 
     async def _release_unknown(self, conn: Any, batch: list[_Outcome]) -> None:
         known = list(self._running) + [o.job.id for o in batch] + [o.job.id for o in self._outcomes]
