@@ -619,12 +619,9 @@ class Worker:
                 applied.add(row["id"])
         for o in batch:
             job = o.job
-            if job.id in applied:
-                self.stats.count(job.name, o.label)
-                self._events.job_finished(job, o.label, o.duration)
-            elif o.resent:
-                # The round that first carried this outcome may have committed
-                # before its connection dropped: most likely it is ours.
+            # A resent outcome not applied now was most likely applied by the round
+            # that first carried it, which committed before its connection dropped.
+            if job.id in applied or o.resent:
                 self.stats.count(job.name, o.label)
                 self._events.job_finished(job, o.label, o.duration)
             else:
