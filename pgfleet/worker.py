@@ -276,7 +276,6 @@ class Worker:
         self._wake_event = asyncio.Event()
         self._wake_source = "start"
         self._stopping = False
-        self._aborting = False
         self._burst = False
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self._state: context.WorkerState | None = None
@@ -446,7 +445,6 @@ class Worker:
             if grace > 0:
                 _, pending = await asyncio.wait(pending, timeout=grace)
             if pending:
-                self._aborting = True
                 log.info(
                     "cancelling %d handlers still running after the grace period", len(pending)
                 )
