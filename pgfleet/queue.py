@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
-from collections.abc import Callable, Collection, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -217,7 +217,8 @@ class Queue:
         if name.__class__ is not str or name not in _valid_names:
             validate_name(name)
         known = self._known
-        if known is not None and name not in _names_of(known):
+        # A Registry answers `in` from its handler dict: no set of names per enqueue.
+        if known is not None and name not in known:
             raise UnknownJobName(f"no handler is registered for job name {name!r} (strict mode)")
 
     def _wake_plan(self, connection: Any, runs_now: bool) -> tuple[bool, bool]:
@@ -452,14 +453,6 @@ def _count_limit(at_most: int | None) -> int | None:
     if not isinstance(at_most, int) or isinstance(at_most, bool) or at_most < 0:
         raise InvalidOptions(f"at_most must be a non-negative integer, got {at_most!r}")
     return at_most
-
-
-def _names_of(known: Any) -> Collection[str]:
-    names = getattr(known, "names", None)
-    if callable(names):
-        result: Collection[str] = names()
-        return result
-    return known  # type: ignore[no-any-return]
 
 
 class _Batch:
