@@ -17,7 +17,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgfleet.errors import (
-    DatabaseUnavailable,
     DuplicateJobKey,
     InvalidJobState,
     JobNotFound,
@@ -121,9 +120,7 @@ async def _run(args: argparse.Namespace) -> int:
         raise _Failure(EXIT_REFUSED, f"{exc}; nothing was changed") from None
     except ValidationError as exc:
         raise _Failure(EXIT_USAGE, str(exc)) from None
-    except DatabaseUnavailable as exc:
-        raise _Failure(EXIT_DATABASE, str(exc)) from None
-    except PgfleetError as exc:
+    except PgfleetError as exc:  # DatabaseUnavailable, SchemaNotReady, ...
         raise _Failure(EXIT_DATABASE, str(exc)) from None
     finally:
         await queue.flush_notifications()
