@@ -81,7 +81,3 @@ class PermanentError(Exception):
 
 class PayloadDecodeError(PermanentError):
     """A stored payload does not decode into the handler's annotated type."""
-
-
-class JobTimeout(Exception):
-    """A handler ran longer than its timeout (a failed, retryable attempt)."""
