@@ -43,14 +43,10 @@ class _Failure(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pgfleet.service.worker_cmd import env_default
+    from pgfleet.service.worker_cmd import add_dsn
 
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--dsn",
-        default=env_default("DATABASE_URL"),
-        help="PostgreSQL connection string [PGFLEET_DATABASE_URL]",
-    )
+    add_dsn(common)
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sub = parser.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     listing = sub.add_parser("list", parents=[common], help="the most recent jobs, newest first")

@@ -26,12 +26,16 @@ def env_default(name: str, fallback: Any = None) -> Any:
     return os.environ.get(f"PGFLEET_{name}", fallback)
 
 
-def add_common(parser: argparse.ArgumentParser) -> None:
+def add_dsn(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dsn",
         default=env_default("DATABASE_URL"),
         help="PostgreSQL connection string [PGFLEET_DATABASE_URL]",
     )
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    add_dsn(parser)
     parser.add_argument(
         "--log-level",
         default=env_default("LOG_LEVEL", "info"),
