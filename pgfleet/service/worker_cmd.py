@@ -108,7 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--pool-size",
         type=int,
         default=env_default("POOL_SIZE", 0),
-        help="database connections per process (default: concurrency + 4, at most 40)",
+        help="database connections per process [PGFLEET_POOL_SIZE] "
+        "(default: concurrency + 4, at most 40)",
     )
     parser.add_argument(
         "--processes",
