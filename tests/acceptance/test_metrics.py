@@ -115,12 +115,12 @@ async def test_three_workers_scraped_together(
     # Queue-level gauges come from exactly one process: no double counting.
     exporters = [p for p in parsed if "pgfleet_jobs_queued" in p]
     assert len(exporters) == 1
-    leader = exporters[0]
+    holder = exporters[0]
     for name in QUEUE_LEVEL:
-        kinds = [labels["kind"] for labels, _ in leader[name]]
+        kinds = [labels["kind"] for labels, _ in holder[name]]
         assert len(kinds) == len(set(kinds)), name  # once per kind
     gauge = {
-        name: {labels["kind"]: value for labels, value in leader[name]} for name in QUEUE_LEVEL
+        name: {labels["kind"]: value for labels, value in holder[name]} for name in QUEUE_LEVEL
     }
     assert gauge["pgfleet_jobs_queued"]["serial"] == 7  # due, nobody serves it
     assert gauge["pgfleet_jobs_queued"]["record"] == 0
@@ -131,7 +131,7 @@ async def test_three_workers_scraped_together(
     # The oldest age was read at scrape time, before the database's own reading.
     assert 0 < gauge["pgfleet_oldest_queued_job_age_seconds"]["serial"] <= db_age
     assert gauge["pgfleet_oldest_queued_job_age_seconds"]["record"] == 0
-    assert [v for _, v in leader["pgfleet_workers_alive"]] == [3]
+    assert [v for _, v in holder["pgfleet_workers_alive"]] == [3]
 
     # Per-process counters sum to the work recorded in the database.
     def total(name: str, **match: str) -> float:

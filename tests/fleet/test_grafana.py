@@ -133,7 +133,7 @@ def test_duration_and_pickup_panels_show_p50_p95_p99_from_histograms() -> None:
             assert "le)" in expr, "quantiles need the le label kept"
 
 
-def test_queue_panels_aggregate_the_leader_instance_away() -> None:
+def test_queue_panels_aggregate_the_lease_holder_instance_away() -> None:
     for title, target in TARGETS:
         assert_aggregated(target["expr"], title)
 

@@ -25,9 +25,9 @@ ALERT_FILES = [ALERTS, ALERTS_SHORT]
 TEST_FILES = sorted((DEPLOY / "tests").glob("*.yml"))
 CONFIGS = [DEPLOY / "prometheus.yml", DEPLOY / "prometheus-native.yml"]
 
-#: Gauges exported only by the leading worker: every use must aggregate `instance`
-#: away, or a leader change splits the series.
-LEADER_GAUGES = (
+#: Gauges exported only by the holder of the metrics lease (a worker or the api):
+#: every use must aggregate `instance` away, or a change of holder splits the series.
+QUEUE_GAUGES = (
     "pgfleet_jobs_queued",
     "pgfleet_jobs_scheduled",
     "pgfleet_jobs_running",
@@ -117,14 +117,14 @@ def test_every_alert_has_a_severity_summary_and_description(rule_file: Path) -> 
 
 
 @pytest.mark.parametrize("rule_file", [*RULE_FILES], ids=lambda p: p.name)
-def test_leader_gauges_are_always_aggregated_over_instances(rule_file: Path) -> None:
+def test_queue_gauges_are_always_aggregated_over_instances(rule_file: Path) -> None:
     for group in load_yaml(rule_file)["groups"]:
         for rule in group["rules"]:
             assert_aggregated(rule["expr"], rule.get("alert") or rule.get("record"))
 
 
 def assert_aggregated(expr: str, where: str) -> None:
-    for metric in LEADER_GAUGES:
+    for metric in QUEUE_GAUGES:
         for match in re.finditer(rf"\b{metric}\b", expr):
             before = expr[: match.start()]
             assert re.search(r"\bmax(?: by \(kind\) )?\($", before), (
