@@ -1,10 +1,10 @@
--- Payloads travel as text and are cast here, so an application's own jsonb codec on
--- its pool never double-encodes them.
 -- Every runtime query pgfleet sends, named, with its result shape.
 -- Loaded and checked once at import by pgfleet/db/queries.py; nothing else in the
 -- package writes SQL. Shapes: :one (a row or none), :many (rows), :val (one value),
 -- :exec (a status string).
 -- The notification channel is the literal 'pgfleet_jobs' (pgfleet.db.CHANNEL).
+-- Payloads travel as text and are cast here, so an application's own jsonb codec on
+-- its pool never double-encodes them.
 
 -- ---------------------------------------------------------------- enqueue
 
