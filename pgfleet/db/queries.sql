@@ -304,7 +304,7 @@ WITH beat AS (
            OR pgfleet.leader.expires_at < now()
     RETURNING worker_id
 )
-SELECT b.inserted, b.started_at, EXISTS (SELECT 1 FROM lead) AS leader, now() AS db_now
+SELECT b.inserted, b.started_at, EXISTS (SELECT 1 FROM lead) AS leader
 FROM beat b;
 
 -- name: worker_deregister :exec
