@@ -13,7 +13,6 @@ import contextlib
 import json as jsonlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,16 +23,12 @@ from typing import Any, TypeVar
 
 import aiohttp
 
+from tests.procs import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.runtime_app:registry"
 DEADLINE = 60.0
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def until(

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.error
@@ -18,6 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
+
+from tests.procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -113,13 +114,6 @@ def backlog_rule(path: Path = ALERTS) -> tuple[float, float]:
     )
     assert match, f"unexpected backlog expression: {rule['expr']!r}"
     return float(match.group(1)), seconds(rule["for"])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class Prometheus:
