@@ -12,7 +12,7 @@ import pytest
 
 from pgfleet import EnqueueOptions, EnqueueRequest, JobStatus, Queue
 from tests.apps import runtime_app
-from tests.procs import eventually, processes, start, start_worker
+from tests.procs import eventually, processes, start_worker
 from tests.procs import processes as processes_guard
 
 pytestmark = pytest.mark.slow
@@ -102,21 +102,8 @@ async def test_a_job_that_kills_its_worker_every_time_is_buried(
     await runtime_app.ensure_schema(pool)
     queue = Queue(pool)
     poison = await queue.enqueue("kill_worker", None, options=EnqueueOptions(max_attempts=2))
-    supervisor = await start(
-        [
-            "worker",
-            "--dsn",
-            database,
-            "--app",
-            "tests.apps.runtime_app:registry",
-            "--processes",
-            "2",
-            "--metrics-port",
-            "0",
-            *LIVENESS,
-        ],
-        tmp_path,
-        "supervisor",
+    supervisor = await start_worker(
+        database, tmp_path, "--processes", "2", *LIVENESS, name="supervisor"
     )
     async with processes(supervisor):
 
@@ -200,21 +187,8 @@ async def test_supervisor_restarts_a_killed_child_and_drains_on_sigterm(
 ) -> None:
     await runtime_app.ensure_schema(pool)
     queue = Queue(pool)
-    supervisor = await start(
-        [
-            "worker",
-            "--dsn",
-            database,
-            "--app",
-            "tests.apps.runtime_app:registry",
-            "--processes",
-            "2",
-            "--metrics-port",
-            "0",
-            *LIVENESS,
-        ],
-        tmp_path,
-        "supervisor",
+    supervisor = await start_worker(
+        database, tmp_path, "--processes", "2", *LIVENESS, name="supervisor"
     )
     async with processes(supervisor):
         await eventually(
@@ -257,21 +231,7 @@ async def test_supervisor_restarts_a_killed_child_and_drains_on_sigterm(
 async def test_sigterm_while_starting_is_a_clean_stop(
     database: str, tmp_path: Path, processes: str
 ) -> None:
-    proc = await start(
-        [
-            "worker",
-            "--dsn",
-            database,
-            "--app",
-            "tests.apps.runtime_app:registry",
-            "--processes",
-            processes,
-            "--metrics-port",
-            "0",
-        ],
-        tmp_path,
-        "early",
-    )
+    proc = await start_worker(database, tmp_path, "--processes", processes, name="early")
     async with processes_guard(proc):
         # At once: the process is most likely still importing. It may die from the
         # signal before Python runs any of its code (nothing started, nothing to
@@ -286,21 +246,7 @@ async def test_supervised_children_do_not_show_the_dsn(
     pool: asyncpg.Pool, database: str, tmp_path: Path
 ) -> None:
     secret_dsn = database.replace("postgres@", "postgres:not-a-real-secret@")
-    supervisor = await start(
-        [
-            "worker",
-            "--dsn",
-            secret_dsn,
-            "--app",
-            "tests.apps.runtime_app:registry",
-            "--processes",
-            "2",
-            "--metrics-port",
-            "0",
-        ],
-        tmp_path,
-        "supervisor",
-    )
+    supervisor = await start_worker(secret_dsn, tmp_path, "--processes", "2", name="supervisor")
     async with processes_guard(supervisor):
         pids = await eventually(
             lambda: pool.fetch("SELECT pid FROM pgfleet.workers"), what="children to register"
