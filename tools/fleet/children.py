@@ -51,8 +51,6 @@ class Child:
         #: Set once the fleet asked this process to stop: its exit is expected.
         self.stopping = False
         self._log_start = 0
-        #: It exited without being asked to (and the fleet was told).
-        self.exited_unexpectedly = False
         self._watch: asyncio.Task[None] | None = None
 
     @property
@@ -93,7 +91,6 @@ class Child:
         assert self.process is not None
         code = await self.process.wait()
         if not self.stopping:
-            self.exited_unexpectedly = True
             on_unexpected_exit(self, code)
 
     def signal(self, sig: int) -> None:
