@@ -29,7 +29,7 @@ class Listener:
         self._wake = wake
         self.connected = asyncio.Event()
         self.connections = 0
-        #: Set on every successful (re)connection; tests and health checks wait on it.
+        #: Called with the connection count after every successful (re)connection.
         self.on_connect: list[Callable[[int], None]] = []
         self._task: asyncio.Task[None] | None = None
         self._stopping = asyncio.Event()

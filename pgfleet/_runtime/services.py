@@ -3,7 +3,8 @@
 
 - Heartbeat: registers the worker, renews its lease (which renews every lock it
   holds) and takes or renews the fleet leadership.
-- Maintenance (leader only): rescues jobs of dead workers, prunes finished jobs.
+- Maintenance (leader only): rescues jobs of dead workers, prunes finished jobs and
+  vacuums the jobs table when nothing else does.
 """
 
 from __future__ import annotations
