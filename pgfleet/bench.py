@@ -33,6 +33,8 @@ from pgfleet.registry import Registry
 from pgfleet.worker import Worker, WorkerConfig
 
 SUITES = ("enqueue", "drain", "latency", "retention")
+#: How the benchmark's child processes receive the database URL.
+_CHILD_DSN = "PGFLEET_DATABASE_URL"
 
 
 @dataclass
@@ -267,19 +269,7 @@ async def _drain_in_process(pool: asyncpg.Pool, concurrency: int) -> float:
 async def _drain_processes(dsn: str, processes: int, concurrency: int, total: int) -> float:
     """Children start, connect and wait for 'go' on stdin, so process start-up is
     not timed; the clock runs from 'go' to the last child's report."""
-    children = [
-        await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "pgfleet.bench",
-            "--child-drain",
-            str(concurrency),
-            dsn,
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-        )
-        for _ in range(processes)
-    ]
+    children = [await _spawn_child("--child-drain", concurrency, dsn) for _ in range(processes)]
     for child in children:
         assert child.stdout is not None
         line = await child.stdout.readline()
@@ -432,16 +422,7 @@ async def _latency_run(
     pool: asyncpg.Pool, dsn: str, producers: int, rate: int, seconds: float
 ) -> list[float]:
     """Milliseconds from each enqueue's commit to its handler's start, sorted."""
-    child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pgfleet.bench",
-        "--child-latency",
-        "16",
-        dsn,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-    )
+    child = await _spawn_child("--child-latency", 16, dsn)
     assert child.stdout is not None
     assert child.stdin is not None
     if (await child.stdout.readline()).strip() != b"ready":
@@ -640,9 +621,24 @@ def main(args: argparse.Namespace) -> None:
         print(f"wrote {args.json_path}")
 
 
+async def _spawn_child(mode: str, concurrency: int, dsn: str) -> asyncio.subprocess.Process:
+    """One of the benchmark's own worker processes (see _child_main), talking over
+    stdin/stdout. The DSN travels in the environment: a password never shows in `ps`."""
+    return await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pgfleet.bench",
+        mode,
+        str(concurrency),
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, _CHILD_DSN: dsn},
+    )
+
+
 def _child_main(argv: list[str]) -> None:
     """Hidden entry points for the benchmark's own worker processes."""
-    mode, concurrency, dsn = argv[0], int(argv[1]), argv[2]
+    mode, concurrency, dsn = argv[0], int(argv[1]), os.environ[_CHILD_DSN]
     from pgfleet.service.worker_cmd import install_uvloop
 
     install_uvloop()
