@@ -103,7 +103,8 @@ async def send_email(job: Job, payload: SendEmail) -> None:
         payload.address,
     )
     if not inserted:
-        log.info("email %s already sent; not sending again", key)
+        # The key holds the address (from the payload): personal data stays out of logs.
+        log.info("job %s: email already sent; not sending again", job.id)
         return
     # Here a real service would call the mail provider, passing `key` as its
     # idempotency key. The effect was recorded first: a crash from here on means
