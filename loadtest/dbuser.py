@@ -28,9 +28,8 @@ import gevent.event
 import psycopg
 import psycopg.waiting
 from locust import User, events, task
-from locust.exception import StopUser
 
-from loadtest.shield import GracefulStop
+from loadtest.shield import GracefulStop, stop_spent
 from loadtest.users import Budget, Pacer, Settings, request_name, user_period
 from pgfleet import _ids
 from pgfleet.db import Q
@@ -128,7 +127,7 @@ class DbEnqueuer(GracefulStop, User):
     def enqueue(self) -> None:
         n = self.shared.budget.take(self.settings.batch)
         if n == 0:
-            self._finish()
+            stop_spent(self, self.shared.budget)
         start = time.perf_counter()
         exception: BaseException | None = None
         try:
@@ -169,13 +168,6 @@ class DbEnqueuer(GracefulStop, User):
         with conn.transaction():
             conn.execute(Q.job_insert_many_plain.sql, (*args, DEFAULT_MAX_ATTEMPTS))
             conn.execute(Q.notify_jobs.sql)
-
-    def _finish(self) -> None:
-        """The job budget is spent: stop this user, and the run with the last one."""
-        self.shared.budget.active -= 1
-        if self.shared.budget.active == 0 and self.environment.runner is not None:
-            gevent.spawn(self.environment.runner.quit)
-        raise StopUser()
 
 
 @events.test_stop.add_listener

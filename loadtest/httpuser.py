@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import gevent
 from locust import FastHttpUser, task
-from locust.exception import StopUser
 
-from loadtest.shield import GracefulStop
+from loadtest.shield import GracefulStop, stop_spent
 from loadtest.users import Budget, Pacer, Settings, job_bodies, request_name, user_period
 
 
@@ -51,7 +49,7 @@ class HttpEnqueuer(GracefulStop, FastHttpUser):
     def enqueue(self) -> None:
         n = self.shared.budget.take(self.settings.batch)
         if n == 0:
-            self._finish()
+            stop_spent(self, self.shared.budget)
         jobs = job_bodies(self.settings.kind, n, self.shared.seq)
         self.shared.seq += n
         body: Any = jobs[0] if n == 1 else {"jobs": jobs}
@@ -66,9 +64,3 @@ class HttpEnqueuer(GracefulStop, FastHttpUser):
             if response.status_code != 202:
                 text = (response.text or "")[:200]
                 response.failure(f"HTTP {response.status_code}: {text}")
-
-    def _finish(self) -> None:
-        self.shared.budget.active -= 1
-        if self.shared.budget.active == 0 and self.environment.runner is not None:
-            gevent.spawn(self.environment.runner.quit)
-        raise StopUser()
