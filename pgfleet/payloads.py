@@ -117,10 +117,6 @@ def encode_payload_array(payloads: list[Any], max_bytes: int = DEFAULT_MAX_PAYLO
     return "[" + ",".join(encode_payload(p, max_bytes) for p in payloads) + "]"
 
 
-def decode_json(text: str | None) -> Any:
-    return None if text is None else json.loads(text)
-
-
 # ---------------------------------------------------------------- decoding
 
 
