@@ -34,7 +34,6 @@ from pgfleet.registry import Handler, Registry
 log = logging.getLogger("pgfleet")
 
 _MAX_ERROR_LENGTH = 4000
-_DAY = 86400.0
 
 
 def _seconds(
