@@ -164,10 +164,12 @@ class Sampler:
         assert self._task is not None
         assert self._conn is not None
         self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        await self.take()  # a last row at the end of the window
-        await self._conn.close()
+        try:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            await self.take()  # a last row at the end of the window
+        finally:
+            await self._conn.close()
 
     async def _run(self) -> None:
         next_at = time.monotonic()
