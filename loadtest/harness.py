@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -104,10 +105,17 @@ async def find_postgres() -> Postgres:
     return pg
 
 
+_DB_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
 async def fresh_database(pg: Postgres, name: str = SCRATCH_DB) -> str:
     """Drop and create the scratch database, migrate it, return its DSN."""
     import pgfleet
 
+    if not _DB_NAME.fullmatch(name):
+        raise ValueError(
+            f"load-test database name {name!r} must be lower-case letters, digits and _"
+        )
     admin = await asyncpg.connect(pg.admin_dsn)
     try:
         await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
@@ -179,10 +187,13 @@ class Processes:
     async def workers(self, dsn: str, processes: int, concurrency: int, *extra: str) -> Proc:
         """``pgfleet worker`` with ``processes`` children; returns once each
         registered a live heartbeat."""
-        argv = [sys.executable, "-m", "pgfleet", "worker", "--dsn", dsn, "--app", APP]
+        # The DSN travels in the environment: a password must not show in `ps`.
+        argv = [sys.executable, "-m", "pgfleet", "worker", "--app", APP]
         argv += ["--processes", str(processes), "--concurrency", str(concurrency)]
         argv += ["--metrics-port", "0", "--log-level", "warning", *extra]
-        proc = await self.spawn(f"worker-{processes}x{concurrency}", argv)
+        proc = await self.spawn(
+            f"worker-{processes}x{concurrency}", argv, {"PGFLEET_DATABASE_URL": dsn}
+        )
         conn = await asyncpg.connect(dsn)
         try:
 
@@ -203,10 +214,10 @@ class Processes:
         """``pgfleet api`` on a free port; returns it with its base URL once it answers."""
         for _attempt in range(3):  # a free port can be taken before the child binds it
             port = free_port()
-            argv = [sys.executable, "-m", "pgfleet", "api", "--dsn", dsn, "--port", str(port)]
+            argv = [sys.executable, "-m", "pgfleet", "api", "--port", str(port)]
             argv += ["--metrics-port", "0", "--notify", notify, "--pool-size", str(pool_size)]
             argv += ["--log-level", "warning"]
-            proc = await self.spawn(f"api-{notify}", argv)
+            proc = await self.spawn(f"api-{notify}", argv, {"PGFLEET_DATABASE_URL": dsn})
             url = f"http://127.0.0.1:{port}"
             if await _answers(proc, f"{url}/readyz"):
                 return proc, url
@@ -269,9 +280,13 @@ async def run_locust(
     argv += ["--only-summary", "--loglevel", "INFO"]
     if host:
         argv += ["--host", host]
+    env = {"LOADTEST_USER": user}
     for key, value in (options or {}).items():
+        if key == "dsn":  # in the environment (LOCUST_DSN): never on a command line
+            env["LOCUST_DSN"] = str(value)
+            continue
         argv += [f"--{key.replace('_', '-')}", str(value)]
     started = time.monotonic()
-    proc = await procs.spawn(f"locust-{csv_prefix.name}", argv, env={"LOADTEST_USER": user})
+    proc = await procs.spawn(f"locust-{csv_prefix.name}", argv, env=env)
     code = await proc.process.wait()
     return LocustRun(csv_prefix, code, proc.log, time.monotonic() - started)

@@ -31,7 +31,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta, tzinfo
 from typing import TYPE_CHECKING, Any
@@ -534,6 +534,8 @@ class CronService(Periodic):
         super().__init__(poll)
         self._pool = pool
         self._queue = Queue(pool, notify=NotifyMode.OFF)
+        #: Called with (job name, 1) for each job a schedule creates (metrics hook).
+        self.on_enqueued: Callable[[str, int], None] | None = None
         self._entries: list[_Entry] = []
         self._until_next: float | None = None
         if isinstance(crons, str | bytes) or not isinstance(crons, Sequence):
@@ -726,6 +728,8 @@ class CronService(Periodic):
                 inserted = await conn.fetchval(Q.cron_record_job.sql, cron.id, job_id)
         entry.last = occurrence
         if inserted:
+            if self.on_enqueued is not None:
+                self.on_enqueued(cron.job_name, 1)
             log.info(
                 "cron %s: enqueued job %s (%s) for occurrence %s",
                 cron.id,

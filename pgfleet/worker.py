@@ -13,7 +13,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -259,8 +259,6 @@ class Worker:
             None if self.config.queue_names is None else sorted(self.config.queue_names)
         )
         self._crons = list(crons)
-        #: Called with (name, count) when this worker enqueues jobs (cron); a metrics hook.
-        self.on_enqueued: Any = None
         self._cron_service: Any = None
         if self._crons:
             from pgfleet.cron import CronService
@@ -314,6 +312,17 @@ class Worker:
         await self._started.wait()
 
     @property
+    def on_enqueued(self) -> Callable[[str, int], None] | None:
+        """Called with (name, count) for each job this worker's cron schedules
+        create (a metrics hook, like ``Queue.on_enqueued``)."""
+        return None if self._cron_service is None else self._cron_service.on_enqueued
+
+    @on_enqueued.setter
+    def on_enqueued(self, hook: Callable[[str, int], None] | None) -> None:
+        if self._cron_service is not None:
+            self._cron_service.on_enqueued = hook
+
+    @property
     def served_names(self) -> list[str]:
         """The job names this worker claims."""
         return list(self._names)
@@ -352,6 +361,7 @@ class Worker:
         job is left), then drain gracefully and return what was done."""
         self._burst = burst
         stop = asyncio.ensure_future(shutdown) if shutdown is not None else None
+        claim: asyncio.Task[None] | None = None
         try:
             if not await self._start(stop):
                 return self.stats
@@ -360,11 +370,18 @@ class Worker:
             if stop is not None:
                 waiters.append(stop)
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            if claim.done() and claim.exception() is not None:
-                raise claim.exception()  # type: ignore[misc]
+            crashed = claim.exception() if claim.done() else None
+            if crashed is not None:
+                # A bug, not an outage (those are retried inside the loop): still
+                # give running handlers their grace and write their outcomes.
+                log.error("claim loop of worker %s failed", self.id, exc_info=crashed)
             await self._drain(claim, self.config.seconds("shutdown_grace_period"))
+            if crashed is not None:
+                raise crashed
         except asyncio.CancelledError:
-            await self._drain(None, 0.0)
+            # The claim loop stops claiming once _drain sets _stopping; it is
+            # awaited there (or cancelled at the flush timeout), never left behind.
+            await self._drain(claim, 0.0)
             raise
         finally:
             if stop is not None and not stop.done():
@@ -654,6 +671,11 @@ class Worker:
             worker_id=self.id,
             lock_token=row["lock_token"],
         )
+        if self._stopping:
+            # Claimed by a round that was in flight when the drain began: hand it
+            # straight back, its attempt not counted, instead of starting it.
+            self._outcomes.append(_Outcome(job, "aborted", "aborted", 0.0))
+            return
         handler = self._registry.get(job.name)
         assert handler is not None  # the claim only takes names we serve
         pickup = (job.started_at - job.run_at).total_seconds() if job.started_at else 0.0

@@ -1,0 +1,78 @@
+"""Worker lifecycle edges: cancellation, a crashing claim loop, cron enqueue counts."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+import asyncpg
+import pytest
+
+from pgfleet import CronJob, EnqueueRequest, Queue, Worker, WorkerConfig
+from pgfleet.cron import Outcome
+from tests.apps import runtime_app
+from tests.integration.conftest import Recorder
+
+FAST = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
+
+
+async def test_cancelling_run_leaves_no_claim_loop_and_no_running_job(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("long", {"s": 0.02}) for _ in range(400)])
+    rec = Recorder()
+    worker = Worker(pool, runtime_app.registry, WorkerConfig(concurrency=8, **FAST), events=rec)
+    task = asyncio.create_task(worker.run())
+    await rec.until(lambda: len(rec.finished) >= 20)  # jobs are flowing
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not [
+        t for t in asyncio.all_tasks() if t.get_name() in ("pgfleet-claim", "pgfleet-flush")
+    ]
+    running = await pool.fetchval(
+        "SELECT count(*) FROM pgfleet.jobs WHERE status = 'running' AND locked_by = $1", worker.id
+    )
+    assert running == 0
+    # Everything not finished is back in the queue, with no attempt spent on it.
+    leftover = await pool.fetch("SELECT attempt FROM pgfleet.jobs WHERE status = 'queued'")
+    assert all(r["attempt"] == 0 for r in leftover)
+
+
+class CrashingWorker(Worker):
+    """A worker whose claim loop hits a bug after the first jobs started."""
+
+    def _settle(self, batch, rows):  # type: ignore[no-untyped-def]
+        claimed = super()._settle(batch, rows)
+        if self.stats.claimed >= 4:
+            raise RuntimeError("a bug in the claim loop")
+        return claimed
+
+
+async def test_a_crashed_claim_loop_still_drains_running_handlers(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("long", {"s": 0.05}) for _ in range(4)])
+    worker = CrashingWorker(pool, runtime_app.registry, WorkerConfig(concurrency=4, **FAST))
+    with pytest.raises(RuntimeError, match="a bug in the claim loop"):
+        await worker.run()
+    counts = dict(
+        await pool.fetch("SELECT status::text, count(*) FROM pgfleet.jobs GROUP BY 1")  # type: ignore[arg-type]
+    )
+    assert counts == {"succeeded": 4}  # the handlers finished and their outcomes were written
+    assert await queue.workers() == []
+
+
+async def test_cron_jobs_count_as_enqueued(pool: asyncpg.Pool) -> None:
+    cron = CronJob.interval("counted", "record", timedelta(minutes=1))
+    worker = Worker(pool, runtime_app.registry, WorkerConfig(**FAST), crons=[cron])
+    seen: list[tuple[str, int]] = []
+    worker.on_enqueued = lambda name, n: seen.append((name, n))
+    service = worker._cron_service
+    await service.prepare()
+    slot = await pool.fetchval("SELECT date_trunc('minute', now()) + interval '1 minute'")
+    assert await service.hand_out("counted", slot) is Outcome.ENQUEUED
+    assert seen == [("record", 1)]
+    # A second slot absorbed by the still-queued job (same key) creates no job.
+    assert await service.hand_out("counted", slot + timedelta(minutes=1)) is Outcome.DEDUPLICATED
+    assert seen == [("record", 1)]
