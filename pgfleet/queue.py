@@ -82,7 +82,7 @@ class _Waker:
         while self._pending:
             self._pending = False
             try:
-                await self._pool.execute(Q.notify_jobs.sql)
+                await self._pool.execute(Q.notify_wakeup.sql)
                 self.sent += 1
             except Exception as exc:  # polling still finds the jobs
                 log.debug("wakeup notification failed: %s", exc)

@@ -515,7 +515,7 @@ class Worker:
 
     async def _notify_fleet(self) -> None:
         with contextlib.suppress(Exception):
-            await self._pool.execute(Q.notify_jobs.sql)
+            await self._pool.execute(Q.notify_wakeup.sql)
 
     # ------------------------------------------------------------ claim loop
 

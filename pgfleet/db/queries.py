@@ -67,6 +67,7 @@ class Queries:
     job_insert_keyed_preserve_run_at: Query
     job_ids_by_active_key: Query
     notify_jobs: Query
+    notify_wakeup: Query
     job_get: Query
     job_status_get: Query
     job_status_many: Query

@@ -424,6 +424,35 @@ async def test_off_mode_and_scheduled_jobs_do_not_notify(pool: asyncpg.Pool, dat
     assert await job_count(pool) == 3
 
 
+async def test_only_the_standalone_wakeup_commits_asynchronously(database: str) -> None:
+    # The coalesced wakeup carries no data, so its commit skips the WAL flush wait;
+    # a transaction that carries jobs must never inherit that, nor may the session.
+    pool = await asyncpg.create_pool(database, min_size=1, max_size=1)
+    try:
+        queue = Queue(pool)
+        async with listening(database) as listener:
+            await queue.enqueue("woken", {})
+            await queue.flush_notifications()
+            assert await listener.next() == ""
+        assert await pool.fetchval("SHOW synchronous_commit") == "on"
+        async with pool.acquire() as conn, conn.transaction():
+            await queue.enqueue_many(
+                [EnqueueRequest("a", {}), EnqueueRequest("b", {}, EnqueueOptions(job_key="k"))],
+                connection=conn,
+            )
+            await queue.enqueue("c", {}, connection=conn)
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        async with pool.acquire() as conn:
+            await queue.enqueue_many(
+                [EnqueueRequest("d", {}), EnqueueRequest("e", {}, EnqueueOptions(job_key="j"))],
+                connection=conn,
+            )
+            assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        assert await job_count(pool) == 6
+    finally:
+        await pool.close()
+
+
 async def test_notification_payload_is_empty(pool: asyncpg.Pool, database: str) -> None:
     queue = Queue(pool, notify=NotifyMode.TRANSACTION)
     async with listening(database) as listener:

@@ -353,6 +353,9 @@ async def test_shutdown_lets_short_jobs_finish_and_requeues_long_ones(pool: asyn
     # even a single-attempt job runs again.
     assert long_job is not None and long_job.status is JobStatus.QUEUED
     assert long_job.attempt == 0 and long_job.worker_id is None
+    # ... and keeps its place in line: its run_at is the one it was enqueued with.
+    enqueued_run_at = await pool.fetchval("SELECT created_at FROM pgfleet.jobs WHERE id = $1", long)
+    assert long_job.run_at == enqueued_run_at
     assert (await status_counts(pool)).get("running", 0) == 0
     assert await queue.workers() == []  # deregistered
 

@@ -35,9 +35,12 @@ async def test_cancelling_run_leaves_no_claim_loop_and_no_running_job(
         "SELECT count(*) FROM pgfleet.jobs WHERE status = 'running' AND locked_by = $1", worker.id
     )
     assert running == 0
-    # Everything not finished is back in the queue, with no attempt spent on it.
-    leftover = await pool.fetch("SELECT attempt FROM pgfleet.jobs WHERE status = 'queued'")
-    assert all(r["attempt"] == 0 for r in leftover)
+    # Everything not finished is back in the queue, with no attempt spent on it and
+    # its place in line (run_at) kept.
+    leftover = await pool.fetch(
+        "SELECT attempt, run_at = created_at AS in_place FROM pgfleet.jobs WHERE status = 'queued'"
+    )
+    assert leftover and all(r["attempt"] == 0 and r["in_place"] for r in leftover)
 
 
 class CrashingWorker(Worker):
