@@ -26,7 +26,7 @@ from pgfleet.backoff import retry_delay
 from pgfleet.db import Q
 from pgfleet.db.boundary import is_connection_error
 from pgfleet.db.migrate import check_schema
-from pgfleet.errors import DatabaseUnavailable, InvalidOptions, PermanentError, SchemaNotReady
+from pgfleet.errors import InvalidOptions, PermanentError, SchemaNotReady
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job, JobStatus, validate_name
 from pgfleet.registry import Handler, Registry
@@ -408,7 +408,7 @@ class Worker:
             except SchemaNotReady:
                 raise
             except Exception as exc:
-                if not is_connection_error(exc) and not isinstance(exc, DatabaseUnavailable):
+                if not is_connection_error(exc):
                     raise
                 log.warning(
                     "database unavailable at worker start (%s); retrying in %.1fs", exc, delay

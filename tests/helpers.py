@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
@@ -108,3 +109,60 @@ async def notifications_before_marker(listener: Listener, pool: asyncpg.Pool) ->
         if payload == marker:
             return seen
         seen += 1
+
+
+class Gate:
+    """A TCP port in front of Postgres that drops every connection until opened:
+    a database that does not answer yet, then does."""
+
+    def __init__(self, dsn: str) -> None:
+        url = urlsplit(dsn)
+        query = parse_qs(url.query)
+        socket_dir = query.pop("host", [""])[0]  # the embedded server: a unix socket
+        self._unix = f"{socket_dir}/.s.PGSQL.{url.port or 5432}" if not url.hostname else None
+        self._target = (url.hostname or "127.0.0.1", url.port or 5432)
+        self._url = url._replace(query=urlencode(query, doseq=True))
+        self.opened = False
+        self.refused = 0
+        self._refusal = asyncio.Event()
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        """Listen on a free port; returns the DSN that goes through the gate."""
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = int(self._server.sockets[0].getsockname()[1])
+        credentials, at, _ = self._url.netloc.rpartition("@")
+        return urlunsplit(self._url._replace(netloc=f"{credentials}{at}127.0.0.1:{port}"))
+
+    async def refusals(self, n: int) -> None:
+        while self.refused < n:
+            self._refusal.clear()
+            await self._refusal.wait()
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.opened:
+            self.refused += 1
+            self._refusal.set()
+            writer.close()
+            return
+        if self._unix is not None:
+            up_reader, up_writer = await asyncio.open_unix_connection(self._unix)
+        else:
+            up_reader, up_writer = await asyncio.open_connection(*self._target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except OSError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()

@@ -38,7 +38,7 @@ _MISSING_SCHEMA: tuple[type[BaseException], ...] = (
 
 def is_connection_error(exc: BaseException) -> bool:
     """True for errors that mean the database was not reachable (worth retrying)."""
-    return isinstance(exc, _UNAVAILABLE | DatabaseUnavailable) and not isinstance(
+    return isinstance(exc, (*_UNAVAILABLE, DatabaseUnavailable)) and not isinstance(
         exc, asyncpg.exceptions.InterfaceWarning
     )
 

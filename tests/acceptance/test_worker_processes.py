@@ -12,6 +12,7 @@ import pytest
 
 from pgfleet import EnqueueOptions, EnqueueRequest, JobStatus, Queue
 from tests.apps import runtime_app
+from tests.helpers import Gate
 from tests.procs import eventually, processes, start_worker
 from tests.procs import processes as processes_guard
 
@@ -256,3 +257,29 @@ async def test_supervised_children_do_not_show_the_dsn(
             assert b"not-a-real-secret" not in cmdline
             assert b"--dsn" not in cmdline
         assert await supervisor.stop() == 0
+
+
+async def test_a_worker_process_started_before_postgres_answers_waits_for_it(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    await runtime_app.ensure_schema(pool)
+    job_id = await Queue(pool).enqueue("record", {"i": 1})
+    gate = Gate(database)
+    worker = await start_worker(await gate.start(), tmp_path, *LIVENESS)
+    try:
+        async with processes(worker):
+
+            async def refused_twice() -> bool:  # it retries instead of exiting
+                if worker.process.returncode is not None:
+                    pytest.fail(f"the worker exited:\n{worker.output()[-3000:]}")
+                return gate.refused >= 2
+
+            await eventually(refused_twice, what="two refused connection attempts")
+            gate.opened = True
+            await eventually(lambda: _equals(succeeded(pool), 1), what="the job to succeed")
+            assert await worker.stop() == 0
+    finally:
+        await gate.close()
+    assert "database unavailable at worker start" in worker.output()
+    job = await Queue(pool).get(job_id)
+    assert job is not None and job.status is JobStatus.SUCCEEDED

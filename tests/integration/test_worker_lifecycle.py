@@ -11,6 +11,7 @@ import pytest
 from pgfleet import CronJob, EnqueueRequest, Queue, Worker, WorkerConfig
 from pgfleet.cron import Outcome
 from tests.apps import runtime_app
+from tests.helpers import Gate
 from tests.integration.conftest import Recorder
 
 FAST = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
@@ -79,3 +80,29 @@ async def test_cron_jobs_count_as_enqueued(pool: asyncpg.Pool) -> None:
     # A second slot absorbed by the still-queued job (same key) creates no job.
     assert await service.hand_out("counted", slot + timedelta(minutes=1)) is Outcome.DEDUPLICATED
     assert seen == [("record", 1)]
+
+
+async def test_a_worker_started_before_postgres_answers_waits_for_it(
+    pool: asyncpg.Pool, database: str
+) -> None:
+    job_id = await Queue(pool).enqueue("record", {"n": 1})
+    gate = Gate(database)
+    gated = await asyncpg.create_pool(await gate.start(), min_size=0, max_size=4)
+    worker = Worker(gated, runtime_app.registry, WorkerConfig(**FAST))
+    task = asyncio.create_task(worker.run(burst=True))
+    # The worker keeps retrying while Postgres does not answer (a start-up error
+    # would end the task first and fail here).
+    refused = asyncio.ensure_future(gate.refusals(2))
+    try:
+        await asyncio.wait([task, refused], return_when=asyncio.FIRST_COMPLETED)
+        assert refused.done() and not task.done(), task.done() and task.exception()
+        gate.opened = True
+        stats = await task
+    finally:
+        for pending in (task, refused):
+            pending.cancel()
+        await gated.close()
+        await gate.close()
+    assert stats.succeeded == 1
+    job = await Queue(pool).get(job_id)
+    assert job is not None and job.status.value == "succeeded"
