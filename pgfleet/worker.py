@@ -34,6 +34,8 @@ from pgfleet.registry import Handler, Registry
 log = logging.getLogger("pgfleet")
 
 _MAX_ERROR_LENGTH = 4000
+#: The claim loop and the listener each hold one; heartbeat and maintenance share one.
+_MIN_POOL_SIZE = 3
 
 
 def _seconds(
@@ -227,8 +229,9 @@ class _Fanout(WorkerEvents):
 class Worker:
     """Runs the handlers of ``registry`` for jobs in the database behind ``pool``.
 
-    The pool should allow at least three connections for the worker (claim loop,
-    listener, heartbeat and maintenance) besides what handlers use themselves.
+    The pool must allow at least three connections for the worker (claim loop,
+    listener, heartbeat and maintenance; a smaller pool raises InvalidOptions),
+    besides what handlers use themselves.
     """
 
     def __init__(
@@ -245,6 +248,12 @@ class Worker:
             raise InvalidOptions("config must be a WorkerConfig")
         if not isinstance(registry, Registry):
             raise InvalidOptions("registry must be a pgfleet.Registry")
+        max_size = getattr(pool, "get_max_size", None)
+        if callable(max_size) and max_size() < _MIN_POOL_SIZE:
+            raise InvalidOptions(
+                f"a worker needs a pool of at least {_MIN_POOL_SIZE} connections (claim "
+                f"loop, listener, heartbeat and maintenance), got max_size={max_size()}"
+            )
         self.id = uuid.uuid4()
         self._pool = pool
         self._registry = registry

@@ -8,7 +8,15 @@ from datetime import timedelta
 import asyncpg
 import pytest
 
-from pgfleet import CronJob, EnqueueRequest, Queue, Worker, WorkerConfig
+from pgfleet import (
+    CronJob,
+    EnqueueRequest,
+    InvalidOptions,
+    Queue,
+    Worker,
+    WorkerConfig,
+    create_pool,
+)
 from pgfleet.cron import Outcome
 from tests.apps import runtime_app
 from tests.helpers import Gate
@@ -106,3 +114,41 @@ async def test_a_worker_started_before_postgres_answers_waits_for_it(
     assert stats.succeeded == 1
     job = await Queue(pool).get(job_id)
     assert job is not None and job.status.value == "succeeded"
+
+
+async def test_the_claim_connection_goes_back_to_the_pool_with_default_settings(
+    database: str,
+) -> None:
+    # The claim loop tunes its own session (index walk, one generic plan); the pool
+    # from create_pool skips asyncpg's reset, so the loop must undo that itself.
+    size = 6
+    pool = await create_pool(database, min_size=size, max_size=size)
+    try:
+        await Queue(pool).enqueue_many([EnqueueRequest("record", {"n": i}) for i in range(20)])
+        stats = await Worker(pool, runtime_app.registry, WorkerConfig(**FAST)).run(burst=True)
+        assert stats.succeeded == 20
+        held = [await pool.acquire() for _ in range(size)]  # every connection of the pool
+        try:
+            for conn in held:
+                settings = await conn.fetchrow(
+                    "SELECT current_setting('plan_cache_mode') AS plans, "
+                    "current_setting('enable_seqscan') AS seqscan, "
+                    "current_setting('enable_bitmapscan') AS bitmapscan"
+                )
+                assert dict(settings) == {"plans": "auto", "seqscan": "on", "bitmapscan": "on"}
+        finally:
+            for conn in held:
+                await pool.release(conn)
+    finally:
+        await pool.close()
+
+
+async def test_a_pool_too_small_for_a_worker_is_refused(database: str) -> None:
+    # Two connections would be held by the claim loop and the listener, leaving the
+    # heartbeat waiting forever: refuse it up front instead of hanging.
+    small = await asyncpg.create_pool(database, min_size=0, max_size=2)
+    try:
+        with pytest.raises(InvalidOptions, match="at least 3 connections.*max_size=2"):
+            Worker(small, runtime_app.registry)
+    finally:
+        await small.close()
