@@ -360,15 +360,11 @@ SELECT 1;
 -- The claim loop's own connection walks the runnable index in claim order whatever
 -- the statistics say: a queue table's statistics are stale by nature, and a plan
 -- that sorts every runnable row to return one is the difference between 0.1 ms
--- and 5 ms per claim. It also keeps the one generic plan of its prepared claim:
--- left to choose, Postgres re-plans job_complete_and_claim for every round (its
--- generic cost estimate loses to the custom one), which costs more than the round
--- executes (about 2 ms against 0.5 ms; half the rate of a one-slot worker).
+-- and 5 ms per claim.
 SET enable_bitmapscan = off; SET enable_seqscan = off;
-SET plan_cache_mode = force_generic_plan;
 
 -- name: claim_session_end :exec
-RESET enable_bitmapscan; RESET enable_seqscan; RESET plan_cache_mode;
+RESET enable_bitmapscan; RESET enable_seqscan;
 
 -- name: job_release_unknown :val
 -- After a lost connection the claim loop cannot tell whether its last claim
