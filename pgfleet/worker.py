@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
+import functools
 import inspect
 import json
 import logging
@@ -690,6 +691,16 @@ class Worker:
         pickup = (job.started_at - job.run_at).total_seconds() if job.started_at else 0.0
         task = asyncio.get_running_loop().create_task(self._execute(handler, job, pickup))
         self._running[job.id] = task
+        task.add_done_callback(functools.partial(self._job_task_done, job))
+
+    def _job_task_done(self, job: Job, task: asyncio.Task[None]) -> None:
+        # _execute reports every outcome itself, unless its task was cancelled (at
+        # shutdown) before it took its first step: then its body, finally included,
+        # never ran. Hand that job back here, or the drain would wait on it forever.
+        if self._running.get(job.id) is task:
+            del self._running[job.id]
+            self._outcomes.append(_Outcome(job, "aborted", "aborted", 0.0))
+            self._wake("completion")
 
     # ------------------------------------------------------------ one job
 

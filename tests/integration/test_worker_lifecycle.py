@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -151,3 +152,38 @@ async def test_a_pool_too_small_for_a_worker_is_refused(database: str) -> None:
             Worker(small, runtime_app.registry)
     finally:
         await small.close()
+
+
+class CancelledRightAfterClaim(Worker):
+    """Cancels its own run() the moment a claim round has launched handler tasks,
+    so that the drain cancels tasks that have not taken their first step."""
+
+    run_task: asyncio.Task[Any] | None = None
+    launched_unstarted = 0
+
+    def _settle(self, batch, rows):  # type: ignore[no-untyped-def]
+        if rows and self.run_task is not None:
+            # Requested before the handler tasks exist, so the event loop runs the
+            # cancelled run() (and its drain) before those tasks' first steps.
+            self.run_task.cancel()
+            self.run_task = None
+            self.launched_unstarted = len(rows)
+        return super()._settle(batch, rows)
+
+
+async def test_jobs_whose_tasks_were_cancelled_before_starting_are_handed_back(
+    pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
+) -> None:
+    await Queue(pool).enqueue_many([EnqueueRequest("record", {"n": i}) for i in range(5)])
+    config = WorkerConfig(concurrency=5, completion_flush_timeout=5, **FAST)
+    worker = CancelledRightAfterClaim(pool, runtime_app.registry, config)
+    task = asyncio.create_task(worker.run())
+    worker.run_task = task
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert worker.launched_unstarted == 5
+    assert "could not write" not in caplog.text
+    rows = await pool.fetch("SELECT status::text, attempt, locked_by FROM pgfleet.jobs")
+    # Never started, so never attempted: all five are queued again, unlocked.
+    assert [tuple(r) for r in rows] == [("queued", 0, None)] * 5
+    assert worker.stats.aborted == 5
