@@ -249,11 +249,12 @@ class Worker:
             raise InvalidOptions("config must be a WorkerConfig")
         if not isinstance(registry, Registry):
             raise InvalidOptions("registry must be a pgfleet.Registry")
-        max_size = getattr(pool, "get_max_size", None)
-        if callable(max_size) and max_size() < _MIN_POOL_SIZE:
+        get_max_size = getattr(pool, "get_max_size", None)
+        max_size = get_max_size() if callable(get_max_size) else None
+        if max_size is not None and max_size < _MIN_POOL_SIZE:
             raise InvalidOptions(
                 f"a worker needs a pool of at least {_MIN_POOL_SIZE} connections (claim "
-                f"loop, listener, heartbeat and maintenance), got max_size={max_size()}"
+                f"loop, listener, heartbeat and maintenance), got max_size={max_size}"
             )
         self.id = uuid.uuid4()
         self._pool = pool
@@ -278,7 +279,7 @@ class Worker:
         self._concurrency = cfg.concurrency
         self._poll = cfg.seconds("poll_interval")
         self._default_timeout = cfg.optional_seconds("default_timeout")
-        self._running: dict[uuid.UUID, asyncio.Task[None]] = {}
+        self._running: dict[uuid.UUID, asyncio.Task[_Outcome]] = {}
         self._outcomes: list[_Outcome] = []
         self._wake_event = asyncio.Event()
         self._wake_source = "start"
@@ -467,7 +468,7 @@ class Worker:
         self._wake("completion")
         if self._running:
             log.info("worker %s draining: %d jobs running", self.id, len(self._running))
-            pending: set[asyncio.Task[None]] = set(self._running.values())
+            pending: set[asyncio.Task[_Outcome]] = set(self._running.values())
             if grace > 0:
                 _, pending = await asyncio.wait(pending, timeout=grace)
             if pending:
@@ -693,23 +694,23 @@ class Worker:
         self._running[job.id] = task
         task.add_done_callback(functools.partial(self._job_task_done, job))
 
-    def _job_task_done(self, job: Job, task: asyncio.Task[None]) -> None:
-        # _execute reports every outcome itself, unless its task was cancelled (at
-        # shutdown) before it took its first step: then its body, finally included,
-        # never ran. Hand that job back here, or the drain would wait on it forever.
-        if self._running.get(job.id) is task:
-            del self._running[job.id]
-            self._outcomes.append(_Outcome(job, "aborted", "aborted", 0.0))
-            self._wake("completion")
+    def _job_task_done(self, job: Job, task: asyncio.Task[_Outcome]) -> None:
+        """Report a job task's outcome. A task cancelled (at shutdown) before its
+        first step never ran _execute at all: its job is handed back, not counted."""
+        self._running.pop(job.id, None)
+        self._outcomes.append(
+            _Outcome(job, "aborted", "aborted", 0.0) if task.cancelled() else task.result()
+        )
+        self._wake("completion")
 
     # ------------------------------------------------------------ one job
 
-    async def _execute(self, handler: Handler, job: Job, pickup: float) -> None:
-        assert self._state is not None
-        context.enter_job(self._state, job)
+    async def _execute(self, handler: Handler, job: Job, pickup: float) -> _Outcome:
+        """Run one job and return its outcome; _job_task_done reports it."""
         start = time.perf_counter()
-        outcome: _Outcome | None = None
         try:
+            assert self._state is not None
+            context.enter_job(self._state, job)
             log.info(
                 "job started: %s %s attempt %d/%d%s",
                 job.name,
@@ -719,17 +720,11 @@ class Worker:
                 f" queue {job.queue_name}" if job.queue_name else "",
             )
             self._events.job_started(job, pickup)
-            outcome = await self._attempt(handler, job, start)
+            return await self._attempt(handler, job, start)
         except BaseException as exc:  # never let a job task die without an outcome
-            outcome = _Outcome(job, "aborted", "aborted", time.perf_counter() - start)
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("internal error running job %s", job.id)
-        finally:
-            if outcome is None:
-                outcome = _Outcome(job, "aborted", "aborted", time.perf_counter() - start)
-            self._running.pop(job.id, None)
-            self._outcomes.append(outcome)
-            self._wake("completion")
+            return _Outcome(job, "aborted", "aborted", time.perf_counter() - start)
 
     async def _attempt(self, handler: Handler, job: Job, start: float) -> _Outcome:
         timeout = handler.timeout if handler.timeout is not None else self._default_timeout
