@@ -140,7 +140,7 @@ def _cell(value: Any) -> str:
 
 def markdown(rows: list[Row], prof: Profile) -> str:
     head = (
-        f"Chaos profile `{prof.name}`: {prof.workers} worker processes × concurrency "
+        f"Chaos profile `{prof.name}`: {prof.workers} worker processes x concurrency "
         f"{prof.concurrency}, {prof.jobs} jobs of {prof.job_ms} ms, fault a third of the way in.\n\n"
     )
     lines = [

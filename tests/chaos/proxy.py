@@ -158,9 +158,7 @@ class ChaosProxy:
             asyncio.create_task(self._pump(link, up_reader, writer)),
         ]
 
-    async def _pump(
-        self, link: Link, src: asyncio.StreamReader, dst: asyncio.StreamWriter
-    ) -> None:
+    async def _pump(self, link: Link, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
         try:
             while True:
                 await self._gate(link)

@@ -211,7 +211,9 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         # wall-clock time of the heal, to compare with the handlers' time.time() stamps
         healed_wall = time.time() - (time.monotonic() - healed)
         after_heal = {
-            j: r for j, r in twice.items() if any(t > healed_wall + scn.settle_s for t, _, _ in r[:-1])
+            j: r
+            for j, r in twice.items()
+            if any(t > healed_wall + scn.settle_s for t, _, _ in r[:-1])
         }
         row.twice_after_heal = len(after_heal)
         row.alive = f"{alive}/{len(live)}"
@@ -287,9 +289,7 @@ async def _poison(cluster: PrivateCluster, tmp_path: Path) -> Row:
         requests = run.work_requests(n)
         poison = EnqueueOptions(max_attempts=2)
         for i, kind in enumerate(app.POISON_MESSAGES):
-            requests.insert(
-                (i + 1) * n // 4, EnqueueRequest("poison", {"kind": kind}, poison)
-            )
+            requests.insert((i + 1) * n // 4, EnqueueRequest("poison", {"kind": kind}, poison))
         ids = await run.enqueue(requests)
         total = len(ids)
         drain = await harness.drain_under_fault(run, total, None, 0)
@@ -438,7 +438,7 @@ async def _schema(dsn: str) -> list[tuple[str, str]]:
 
 
 async def _migrate(cluster: PrivateCluster, tmp_path: Path) -> Row:
-    row = Row("5 × `pgfleet migrate` at once, fresh database")
+    row = Row("5 x `pgfleet migrate` at once, fresh database")
     database = await conftest.new_database(cluster, empty=True)
     dsn = cluster.dsn(database)
     procs = [
