@@ -24,7 +24,7 @@ from pgfleet import EnqueueOptions, EnqueueRequest
 from tests.chaos import app, conftest, harness
 from tests.chaos.cluster import PrivateCluster
 from tests.chaos.harness import Row, Run
-from tests.procs import start
+from tests.procs import Proc, start
 
 PROFILE = harness.profile()
 
@@ -185,24 +185,30 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
     database = await conftest.new_database(cluster)
     async with Run(cluster, database, tmp_path, p) as run:
         await run.start_workers(p.workers)
-        ids = {str(i) for i in await run.enqueue(run.work_requests(p.jobs))}
+        enqueued = await run.enqueue(run.work_requests(p.jobs))
+        ids = {str(i) for i in enqueued}
         fault = None if scn.fault is fault_none else scn.fault
         drain = await harness.drain_under_fault(run, p.jobs, fault, p.jobs // 3)
         await run.victim_done()
         live = run.live_workers()
+        idle = await _probe_every_worker(run, live, p.jobs) if not drain.stalled else []
         alive = harness.alive_count(live)
         codes = await harness.stop_workers(run, live)
         lost_rows = await run.monitor.fetch(
             "SELECT id, status::text AS status, attempt, last_error FROM pgfleet.jobs "
             "WHERE status <> 'succeeded' ORDER BY id LIMIT 5"
         )
-        counts = await run.counts() or {}
+        tally = await run.monitor.fetch(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded' AND id = ANY($1)) AS drained, "
+            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs",
+            enqueued,
+        )
         executions = run.executions()
         problems: list[str] = list(run.notes)
 
-        succeeded = counts.get("succeeded", 0)
-        row.finished = f"{succeeded}/{p.jobs}"
-        row.lost = p.jobs - succeeded
+        assert tally is not None, "the database did not answer after the run"
+        row.finished = f"{tally[0]['drained']}/{p.jobs}"
+        row.lost = int(tally[0]["lost"])  # the probe's jobs included
         row.drain_s = drain.drain_s
         row.recover_s = drain.recover_s
         twice = {j: r for j, r in executions.items() if len(r) > 1}
@@ -242,6 +248,8 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         problems.append(f"{len(after_heal)} jobs ran again after the fault healed: {sample}")
     if alive != len(live):
         problems.append(f"only {alive} of {len(live)} workers alive at the end")
+    if idle:
+        problems.append(f"STALLED worker: pids {idle} ran no job after the fault healed")
     if any(c != 0 for c in codes):
         problems.append(f"final SIGTERM exit codes {codes} (None: outlived grace + slack)")
     if run.victim is not None and run.victim.exit_s is None:
@@ -254,6 +262,8 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         or bool(row.lost)
         or bool(after_heal)
         or alive != len(live)
+        or bool(idle)
+        or any(pr.startswith("STALLED") for pr in problems)
         or any(c != 0 for c in codes)
         or (run.victim is not None and run.victim.exit_s is None)
         or (scn.fault is fault_hang and "503" not in run.readyz)
@@ -263,6 +273,23 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
     if failed:
         row.notes.append("log excerpt:\n" + run.log_excerpt())
     return row
+
+
+async def _probe_every_worker(run: Run, live: list[Proc], done_before: int) -> list[int]:
+    """After the drain, one job of 1 s per handler slot of the fleet: every worker has
+    to take its share, so a worker whose claim loop stalled shows. Returns the pids of
+    live workers that ran no job since the fault healed."""
+    p = run.prof
+    healed = run.healed_at or time.monotonic()
+    n = p.concurrency * len(live)
+    await run.enqueue([EnqueueRequest("work", {"ms": 1000}, EnqueueOptions(max_attempts=25))] * n)
+    probe = await harness.drain_under_fault(run, done_before + n, None, 0)
+    run.healed_at = healed
+    if probe.stalled:
+        run.notes.append(f"STALLED after the drain: {probe.stalled}")
+    since = time.time() - (time.monotonic() - healed)
+    ran = {pid for runs in run.executions().values() for t, _, pid in runs if t > since}
+    return [w.pid for w in live if w.pid not in ran]
 
 
 # --- poison outcomes -----------------------------------------------------------------
