@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -65,7 +66,7 @@ PROFILES = {
         dead_worker_timeout=10,
         grace=3,
         stall_s=60,
-        sigterm_slack_s=20,
+        sigterm_slack_s=30,
         test_timeout=360,
     ),
     # `make chaos`: the issue's table, with the worker's default liveness settings.
@@ -85,7 +86,7 @@ PROFILES = {
         dead_worker_timeout=30,
         grace=10,
         stall_s=90,
-        sigterm_slack_s=20,
+        sigterm_slack_s=30,
         test_timeout=1500,
     ),
 }
@@ -162,6 +163,15 @@ class Results:
         self.rows: list[Row] = []
         self.dir = Path(os.environ.get("PGFLEET_CHAOS_RESULTS_DIR", ROOT / "chaos-results"))
 
+    def keep_logs(self, name: str, work_dir: Path) -> Path:
+        """Copy a failed run's process logs (and the private server's) where they
+        outlive pytest's temporary directories."""
+        dest = self.dir / "logs" / name
+        shutil.rmtree(dest, ignore_errors=True)
+        if (work_dir / "logs").is_dir():
+            shutil.copytree(work_dir / "logs", dest)
+        return dest
+
     def add(self, row: Row) -> None:
         self.rows = [r for r in self.rows if r.scenario != row.scenario] + [row]
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -181,17 +191,21 @@ class Monitor:
     def __init__(self, dsn: str) -> None:
         self.dsn = dsn
         self.conn: asyncpg.Connection | None = None
+        self._lock = asyncio.Lock()  # the drain loop and a fault may both ask
 
     async def fetch(self, sql: str, *args: Any) -> list[asyncpg.Record] | None:
-        try:
-            if self.conn is None or self.conn.is_closed():
-                self.conn = await asyncpg.connect(self.dsn, timeout=5)
-            return list(await self.conn.fetch(sql, *args, timeout=10))
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError):
-            if self.conn is not None:
-                self.conn.terminate()
-            self.conn = None
-            return None
+        async with self._lock:
+            try:
+                if self.conn is None or self.conn.is_closed():
+                    self.conn = await asyncpg.connect(self.dsn, timeout=5)
+                return list(await self.conn.fetch(sql, *args, timeout=10))
+            except asyncpg.PostgresSyntaxError:
+                raise  # the test's own mistake
+            except Exception:  # any connection trouble during a fault: ask again later
+                if self.conn is not None:
+                    self.conn.terminate()
+                self.conn = None
+                return None
 
     async def close(self) -> None:
         if self.conn is not None:

@@ -9,7 +9,8 @@ It runs in the test's event loop and listens on 127.0.0.1. Faults:
 - ``hang()``: every open connection, and every new one until ``heal()``, stops
   forwarding for good: it stays open, answers nothing and is never closed (a hung
   server, a peer gone behind a NAT). ``heal()`` lets *new* connections through;
-  the hung ones stay hung until the client gives up on them.
+  the hung ones stay hung until the client gives up on them and closes them
+  (``open_links()`` counts those it has not closed yet).
 - ``refuse()`` / ``heal()``: the listening socket is closed (connection refused);
   healing listens again on the same port.
 """
@@ -122,14 +123,6 @@ class ChaosProxy:
             else:
                 writer.close()  # flushes what was written, then FIN
 
-    async def _gate(self, link: Link) -> None:
-        while True:
-            if link.hung:
-                await self._never  # forever: a hung connection is never served again
-            if self._flowing.is_set():
-                return
-            await self._flowing.wait()
-
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.accepted += 1
         link = Link(client=writer, hung=self.mode == "hang")
@@ -139,8 +132,12 @@ class ChaosProxy:
         if self.mode == "pass":
             self.accepted_while_healthy += 1
         self.links.add(link)
+        if link.hung:
+            # Never connected upstream, never answered; only its closing is noticed.
+            link.tasks = [asyncio.create_task(self._pump(link, reader, None))]
+            return
         try:
-            await self._gate(link)
+            await self._flowing.wait()
             up_reader, up_writer = await asyncio.open_connection(*self.upstream)
         except asyncio.CancelledError:
             return
@@ -155,17 +152,35 @@ class ChaosProxy:
             return
         link.tasks = [
             asyncio.create_task(self._pump(link, reader, up_writer)),
-            asyncio.create_task(self._pump(link, up_reader, writer)),
+            asyncio.create_task(self._pump(link, up_reader, writer, from_server=True)),
         ]
 
-    async def _pump(self, link: Link, src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self,
+        link: Link,
+        src: asyncio.StreamReader,
+        dst: asyncio.StreamWriter | None,
+        from_server: bool = False,
+    ) -> None:
+        """Copy src to dst while the link flows. Once hung, what the server sends is
+        never delivered, and what the client sends is read and dropped (a hung peer's
+        kernel still acknowledges it), so that the client closing it is noticed."""
         try:
             while True:
-                await self._gate(link)
+                if not link.hung:
+                    await self._flowing.wait()
+                elif from_server:
+                    await self._never
                 data = await src.read(65536)
                 if not data:
                     break
-                await self._gate(link)
+                if not link.hung:
+                    await self._flowing.wait()  # a partition holds what was read
+                if link.hung:
+                    if from_server:
+                        await self._never
+                    continue
+                assert dst is not None
                 dst.write(data)
                 await dst.drain()
         except asyncio.CancelledError:

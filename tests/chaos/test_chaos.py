@@ -164,6 +164,12 @@ SCENARIOS = {
 }
 
 
+def _keep(results: harness.Results, name: str, row: Row, tmp_path: Path) -> None:
+    if row.verdict != "ok":
+        row.notes.append(f"full logs: {results.keep_logs(name, tmp_path)}")
+    results.add(row)
+
+
 # --- draining under each fault -------------------------------------------------------
 
 
@@ -175,7 +181,7 @@ def test_drain_under_fault(
     tmp_path: Path,
 ) -> None:
     row = asyncio.run(_drain(SCENARIOS[name], chaos_cluster, tmp_path))
-    chaos_results.add(row)
+    _keep(chaos_results, f"drain-{name}", row, tmp_path)
     assert row.verdict == "ok", "\n".join(row.notes)
 
 
@@ -192,6 +198,10 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         await run.victim_done()
         live = run.live_workers()
         idle = await _probe_every_worker(run, live, p.jobs) if not drain.stalled else []
+        if scn.fault is fault_hang and run.proxy is not None:
+            run.notes.append(
+                f"{run.proxy.open_links()[1]} hung connections still open after the drain"
+            )
         alive = harness.alive_count(live)
         codes = await harness.stop_workers(run, live)
         lost_rows = await run.monitor.fetch(
@@ -299,7 +309,7 @@ def test_poison_outcomes_do_not_block_other_jobs(
     chaos_cluster: PrivateCluster, chaos_results: harness.Results, tmp_path: Path
 ) -> None:
     row = asyncio.run(_poison(chaos_cluster, tmp_path))
-    chaos_results.add(row)
+    _keep(chaos_results, "poison", row, tmp_path)
     assert row.verdict == "ok", "\n".join(row.notes)
 
 
@@ -377,7 +387,7 @@ def test_sync_handler_that_never_returns(
     chaos_cluster: PrivateCluster, chaos_results: harness.Results, tmp_path: Path
 ) -> None:
     row = asyncio.run(_stuck(chaos_cluster, tmp_path))
-    chaos_results.add(row)
+    _keep(chaos_results, "stuck-sync", row, tmp_path)
     assert row.verdict == "ok", "\n".join(row.notes)
 
 
@@ -446,7 +456,7 @@ def test_five_concurrent_migrations(
     chaos_cluster: PrivateCluster, chaos_results: harness.Results, tmp_path: Path
 ) -> None:
     row = asyncio.run(_migrate(chaos_cluster, tmp_path))
-    chaos_results.add(row)
+    _keep(chaos_results, "migrate", row, tmp_path)
     assert row.verdict == "ok", "\n".join(row.notes)
 
 
