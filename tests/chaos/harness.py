@@ -406,6 +406,15 @@ class Run:
 
     # --- logs ---
 
+    def log_lines(self, *needles: str) -> list[str]:
+        """Lines of every process log of this run containing any of ``needles``."""
+        return [
+            f"{p.log.name}: {ln}"
+            for p in self.all_procs
+            for ln in p.output().splitlines()
+            if any(n in ln for n in needles)
+        ]
+
     def log_excerpt(self, lines: int = 40) -> str:
         keys = ("error", "Error", "failed", "lost", "could not", "Traceback", "stalled", "hung")
         out = []

@@ -215,6 +215,9 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         )
         executions = run.executions()
         problems: list[str] = list(run.notes)
+        # The symptom of a connection used after it was handed back.
+        misuse = run.log_lines("released back to the pool")
+        noise = run.log_lines("Traceback", "was never retrieved", "Task was destroyed")
 
         assert tally is not None, "the database did not answer after the run"
         row.finished = f"{tally[0]['drained']}/{p.jobs}"
@@ -264,6 +267,10 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         problems.append(f"final SIGTERM exit codes {codes} (None: outlived grace + slack)")
     if run.victim is not None and run.victim.exit_s is None:
         pass  # already a problem above
+    if misuse:
+        problems.append(f"connection used after release ({len(misuse)} lines): {misuse[:3]}")
+    if noise:
+        problems.append(f"{len(noise)} traceback/unretrieved lines, e.g. {noise[:2]}")
     if scn.fault is fault_hang and "503" not in run.readyz:
         problems.append(f"/readyz never answered 503 during the hang: {run.readyz}")
 
@@ -273,6 +280,7 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         or bool(after_heal)
         or alive != len(live)
         or bool(idle)
+        or bool(misuse)
         or any(pr.startswith("STALLED") for pr in problems)
         or any(c != 0 for c in codes)
         or (run.victim is not None and run.victim.exit_s is None)
