@@ -415,6 +415,22 @@ class Run:
             if any(n in ln for n in needles)
         ]
 
+    def stray_errors(self) -> list[str]:
+        """Tracebacks that do not belong to a handler's failure (those the worker logs
+        with the job's outcome), and asyncio's leaked-task and unretrieved-exception
+        reports, as 'log file: the record they follow'."""
+        out = []
+        for p in self.all_procs:
+            record = ""
+            for ln in p.output().splitlines():
+                if ln[:4].isdigit() and ln[4:5] == "-":
+                    record = ln
+                if (ln.startswith("Traceback") and "job failed" not in record) or (
+                    "was never retrieved" in ln or "Task was destroyed" in ln
+                ):
+                    out.append(f"{p.log.name}: {ln[:80]} after {record[:200]!r}")
+        return out
+
     def log_excerpt(self, lines: int = 40) -> str:
         keys = ("error", "Error", "failed", "lost", "could not", "Traceback", "stalled", "hung")
         out = []

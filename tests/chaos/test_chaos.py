@@ -217,7 +217,7 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         problems: list[str] = list(run.notes)
         # The symptom of a connection used after it was handed back.
         misuse = run.log_lines("released back to the pool")
-        noise = run.log_lines("Traceback", "was never retrieved", "Task was destroyed")
+        noise = run.stray_errors()
 
         assert tally is not None, "the database did not answer after the run"
         row.finished = f"{tally[0]['drained']}/{p.jobs}"
@@ -270,7 +270,7 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
     if misuse:
         problems.append(f"connection used after release ({len(misuse)} lines): {misuse[:3]}")
     if noise:
-        problems.append(f"{len(noise)} traceback/unretrieved lines, e.g. {noise[:2]}")
+        problems.append(f"{len(noise)} stray tracebacks/asyncio reports, e.g. {noise[:2]}")
     if scn.fault is fault_hang and "503" not in run.readyz:
         problems.append(f"/readyz never answered 503 during the hang: {run.readyz}")
 
