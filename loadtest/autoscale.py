@@ -394,11 +394,17 @@ def default_workloads(per_replica_rate: float, concurrency: int = 16) -> list[Wo
     slow = min(per_replica_rate, concurrency / 0.05)
     return [
         Workload(
-            profile, 3600, per_replica_rate, concurrency=concurrency,
+            profile,
+            3600,
+            per_replica_rate,
+            concurrency=concurrency,
             label="no-op handlers (measured drain rate)",
         ),
         Workload(
-            profile, 3600, slow, concurrency=concurrency,
+            profile,
+            3600,
+            slow,
+            concurrency=concurrency,
             label="50 ms handlers (concurrency / 0.05 s)",
         ),
     ]
@@ -477,4 +483,3 @@ def report_section(rep: Any, drain_doc: dict[str, Any]) -> None:
         "",
     )
     rep.figure(fig, "autoscaling.png", "simulated replicas and backlog age under KEDA")
-

@@ -51,7 +51,7 @@ def render(rules_dir: Path = RULES) -> str:
         },
         "spec": {"groups": rule_groups(rules_dir)},
     }
-    body = yaml.safe_dump(rule, sort_keys=False, width=100, allow_unicode=True)
+    body: str = yaml.safe_dump(rule, sort_keys=False, width=100, allow_unicode=True)
     return HEADER.format(files=", ".join(RULE_FILES)) + body
 
 

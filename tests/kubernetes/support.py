@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from functools import cache
@@ -23,6 +24,8 @@ CRDS = Path(__file__).resolve().parent / "crds"
 
 def kubectl() -> str:
     path = shutil.which("kubectl")
+    if path is None and os.environ.get("CI") == "true":
+        pytest.fail("kubectl is missing in CI: .ci/run installs kubernetes-client")
     if path is None:
         pytest.skip(
             "kubectl is not on PATH (CI installs it: apt-get install kubernetes-client; "

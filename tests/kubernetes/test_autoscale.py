@@ -11,6 +11,7 @@ may be lost.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -171,8 +172,13 @@ def test_defaults_keep_backlog_age_under_the_alert_threshold(lag: int) -> None:
     rate = drain_rate()
     for work in autoscale.default_workloads(rate):
         work = Workload(
-            work.profile, work.duration, work.per_replica_rate, work.startup, lag,
-            work.concurrency, work.label,
+            work.profile,
+            work.duration,
+            work.per_replica_rate,
+            work.startup,
+            lag,
+            work.concurrency,
+            work.label,
         )
         sim = simulate(cfg, work)
         assert sim.max_age < threshold / 2, autoscale.describe(sim)
@@ -182,7 +188,7 @@ def test_defaults_keep_backlog_age_under_the_alert_threshold(lag: int) -> None:
         assert needed <= cfg.max_replicas, "maxReplicaCount must carry the burst"
         # While each level of the profile holds, the fleet never shrinks and regrows.
         bounds = [int(t) for t, _ in work.profile] + [work.duration]
-        for start, end in zip(bounds, bounds[1:], strict=False):
+        for start, end in itertools.pairwise(bounds):
             assert reversals(sim, start + 60, end) == 0, (start, autoscale.describe(sim))
         # Idle at the end: back to the floor, the backlog gone.
         assert sim.steps[-1].replicas == cfg.min_replicas
@@ -198,7 +204,11 @@ def test_fifty_ms_handlers_need_the_autoscaler() -> None:
     assert sim.max_replicas > 10
     fixed = simulate(
         Autoscaler(
-            cfg.min_replicas, cfg.min_replicas, cfg.targets, cfg.scale_up, cfg.scale_down,
+            cfg.min_replicas,
+            cfg.min_replicas,
+            cfg.targets,
+            cfg.scale_up,
+            cfg.scale_down,
             cfg.due_cap,
         ),
         slow,

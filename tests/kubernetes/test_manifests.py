@@ -284,7 +284,9 @@ def test_network_policy_opens_metrics_to_monitoring_and_api_to_producers() -> No
     objects = render("base")
     worker = find(objects, "NetworkPolicy", "pgfleet-worker")
     api = find(objects, "NetworkPolicy", "pgfleet-api")
-    monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    monitoring = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
+    }
     assert worker["spec"]["policyTypes"] == ["Ingress"]
     assert worker["spec"]["ingress"] == [
         {"from": [monitoring], "ports": [{"port": "metrics", "protocol": "TCP"}]}
@@ -294,6 +296,4 @@ def test_network_policy_opens_metrics_to_monitoring_and_api_to_producers() -> No
     assert http_rule["ports"] == [{"port": "http", "protocol": "TCP"}]
     assert monitoring not in http_rule["from"]
     for policy, name in ((worker, "pgfleet-worker"), (api, "pgfleet-api")):
-        assert policy["spec"]["podSelector"] == {
-            "matchLabels": {"app.kubernetes.io/name": name}
-        }
+        assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": name}}

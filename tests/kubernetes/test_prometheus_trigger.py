@@ -145,7 +145,8 @@ async def test_prometheus_trigger_queries_see_the_fleets_backlog(
 
         # The signal is the one the backlog alert uses: the same series, maxed.
         alert_view = await value_of(
-            prom, f'max(max by (kind) (pgfleet_oldest_queued_job_age_seconds{{namespace="{NAMESPACE}"}}))'
+            prom,
+            f'max(max by (kind) (pgfleet_oldest_queued_job_age_seconds{{namespace="{NAMESPACE}"}}))',
         )
         assert alert_view is not None and alert_view >= age
 

@@ -89,9 +89,7 @@ async def test_trigger_queries_return_the_known_backlog(pool: asyncpg.Pool) -> N
         assert 126 <= age < 126 + 60
 
         # The oldest job is claimed: the next oldest due one (60 s) takes over.
-        (oldest_id,) = await conn.fetch(
-            "SELECT id FROM pgfleet.jobs WHERE run_at = $1", oldest
-        )
+        (oldest_id,) = await conn.fetch("SELECT id FROM pgfleet.jobs WHERE run_at = $1", oldest)
         await put_in_state(pool, oldest_id["id"], "running")
         now, age = await run(conn, q["oldest-due-age"])
         expected = await conn.fetchval(
@@ -142,9 +140,7 @@ async def test_trigger_queries_read_only_live_rows_of_a_million_finished(
         )
         report = []
         for name, query in q.items():
-            (raw,) = await conn.fetchrow(
-                f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}"
-            )
+            (raw,) = await conn.fetchrow(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}")
             doc = json.loads(raw)[0] if isinstance(raw, str) else raw[0]
             plan = doc["Plan"]
             nodes = _plan_nodes(plan)
