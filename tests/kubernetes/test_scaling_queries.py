@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -99,6 +100,36 @@ async def test_trigger_queries_return_the_known_backlog(pool: asyncpg.Pool) -> N
         )
         assert age == expected and 60 <= age < 120
         assert (await run(conn, q["running-and-due"]))[1] == 10
+
+
+def for_kinds(query: str, kinds: list[str]) -> str:
+    """The README's edit for a Deployment serving only some kinds: after every
+    status condition, AND name = ANY ('{...}'::text[])."""
+    literal = "'{" + ",".join(kinds) + "}'::text[]"
+    edited, n = re.subn(
+        r"(status = '(?:queued|running)')", rf"\1 AND name = ANY ({literal})", query
+    )
+    assert n >= 2, query
+    return edited
+
+
+async def test_trigger_queries_restricted_to_some_kinds(pool: asyncpg.Pool) -> None:
+    q = queries()
+    running, due, _ = await seed_backlog(pool)
+    async with pool.acquire() as conn:
+        # noop: six due (10..60 s old) and one running; sleep: one due, one running.
+        _, slots = await run(conn, for_kinds(q["running-and-due"], ["noop"]))
+        assert slots == 7
+        _, age = await run(conn, for_kinds(q["oldest-due-age"], ["noop"]))
+        assert 60 <= age < 120
+        _, slots = await run(conn, for_kinds(q["running-and-due"], ["noop", "sleep", "cpu"]))
+        assert slots == running + due
+        _, age = await run(conn, for_kinds(q["oldest-due-age"], ["sleep"]))
+        assert 126 <= age < 186
+        _, slots = await run(conn, for_kinds(q["running-and-due"], ["send_email"]))
+        assert slots == 0
+        _, age = await run(conn, for_kinds(q["oldest-due-age"], ["send_email"]))
+        assert age == 0
 
 
 def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
