@@ -79,6 +79,9 @@ class Autoscaler:
     due_cap: int
     sync_period: int = HPA_SYNC_PERIOD
     tolerance: float = HPA_TOLERANCE
+    #: Whether the first signal counts running jobs too (False: due jobs only, the
+    #: alternative the README explains against).
+    count_running: bool = True
 
 
 def _rules(spec: dict[str, Any]) -> Rules:
@@ -332,7 +335,8 @@ def simulate(config: Autoscaler, workload: Workload, initial: int | None = None)
             if head[1] <= 1e-9:
                 backlog.popleft()
         due = sum(c[1] for c in backlog)
-        # Busy slots: the share of the ready replicas' rate in use, times their slots.
+        # Busy slots: the share of the ready replicas' rate in use, times their slots
+        # (Little's law for handlers that take concurrency / rate seconds each).
         running = drained / workload.per_replica_rate * workload.concurrency
         # Age of the oldest job still waiting at the end of this second.
         age = (t + 1 - backlog[0][0]) if backlog else 0.0
@@ -340,7 +344,10 @@ def simulate(config: Autoscaler, workload: Workload, initial: int | None = None)
         if t % config.sync_period == 0:
             seen = history[max(0, len(history) - 1 - workload.metric_lag)]
             signals = {
-                DUE: float(math.ceil(seen[1]) + min(math.floor(seen[0]), config.due_cap)),
+                DUE: float(
+                    (math.ceil(seen[1]) if config.count_running else 0)
+                    + min(math.floor(seen[0]), config.due_cap)
+                ),
                 AGE: float(math.ceil(seen[2])),
             }
             new = hpa.sync(float(t), {k: v for k, v in signals.items() if k in config.targets})

@@ -11,6 +11,7 @@ may be lost.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -193,6 +194,25 @@ def test_defaults_keep_backlog_age_under_the_alert_threshold(lag: int) -> None:
         # Idle at the end: back to the floor, the backlog gone.
         assert sim.steps[-1].replicas == cfg.min_replicas
         assert sim.steps[-1].backlog == 0
+
+
+def test_counting_due_jobs_alone_would_flap() -> None:
+    """Why the first trigger counts running jobs: due jobs alone vanish whenever the
+    fleet keeps up, and the fleet shrinks and regrows under a steady burst."""
+    slow = autoscale.default_workloads(drain_rate())[1]
+    cfg = autoscale.shipped_autoscaler()
+    burst_start, burst_end = (int(t) for t, _ in slow.profile[1:3])
+    shipped = simulate(cfg, slow)
+    due_only = simulate(dataclasses.replace(cfg, count_running=False), slow)
+    assert reversals(shipped, burst_start, burst_end) == 0
+    assert reversals(due_only, burst_start, burst_end) >= 1, autoscale.describe(due_only)
+    # Once the burst's first backlog is gone, only the due-only fleet falls behind again.
+
+    def settled_age(sim: Simulation) -> float:
+        return max(s.age for s in sim.steps if burst_start + 120 <= s.t < burst_end)
+
+    assert settled_age(shipped) == 0
+    assert settled_age(due_only) > 0
 
 
 def test_fifty_ms_handlers_need_the_autoscaler() -> None:
