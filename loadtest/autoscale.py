@@ -377,10 +377,9 @@ def measured_drain_rate(drain_doc: dict[str, Any], concurrency: int = 16) -> flo
     return None
 
 
-def load_profile(
-    sustained: float, burst: float, duration: int = 3600
-) -> tuple[tuple[float, float], ...]:
-    """Sustained traffic, a 10-minute burst, sustained again, a short second burst, idle."""
+def load_profile(sustained: float, burst: float) -> tuple[tuple[float, float], ...]:
+    """An hour: sustained traffic, a 10-minute burst, sustained again, a 3-minute burst
+    at half the rate, sustained, then idle for the last 12 minutes."""
     return (
         (0, sustained),
         (600, burst),
@@ -393,6 +392,7 @@ def load_profile(
 
 def default_workloads(per_replica_rate: float, concurrency: int = 16) -> list[Workload]:
     """The report's two workloads: no-op handlers, and handlers of 50 ms."""
+    # The load tests' own rates: the soak's sustained rate, the top steady rate.
     from loadtest.scenarios import PROFILES
 
     steady = PROFILES["full"]["steady"]
