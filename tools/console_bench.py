@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -229,8 +230,8 @@ async def main_async(args: argparse.Namespace) -> int:
     results = await measure(dsn, args.rounds)
     print(report(results, args.jobs))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"jobs": args.jobs, "rounds": args.rounds, "pages": results}, out, indent=2)
+        text = json.dumps({"jobs": args.jobs, "rounds": args.rounds, "pages": results}, indent=2)
+        await asyncio.to_thread(Path(args.json).write_text, text + "\n", "utf-8")
     if not args.keep:
         admin = await asyncpg.connect(args.dsn)
         try:

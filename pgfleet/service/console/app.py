@@ -62,7 +62,11 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cross-Origin-Opener-Policy": "same-origin",
 }
-STATIC_TYPES = {"console.css": "text/css", "console.js": "text/javascript"}
+STATIC_TYPES = {
+    "console.css": "text/css",
+    "console.js": "text/javascript",
+    "favicon.svg": "image/svg+xml",
+}
 PAGE_SIZE = 50
 #: Seconds a failed login waits before answering: guessing tokens stays slow.
 LOGIN_FAILURE_DELAY = 0.5
@@ -110,7 +114,9 @@ class Console:
     def __init__(self, config: ConsoleConfig, *, metrics_holder: UUID | None = None) -> None:
         self.config = config
         self.metrics_holder = metrics_holder
-        self.sessions = None if config.token is None else Sessions(config.token, config.session_lifetime)
+        self.sessions = (
+            None if config.token is None else Sessions(config.token, config.session_lifetime)
+        )
         self.data: ConsoleData | None = None
         self._static = {
             name: resources.files("pgfleet.service.console").joinpath("static", name).read_bytes()
@@ -196,14 +202,18 @@ class Console:
                 visit = Visit(session, self.sessions.csrf(session))
             elif not public:
                 if action:
-                    raise Refused(403, "Not signed in", "Sign in first: this request had no valid session.")
+                    raise Refused(
+                        403, "Not signed in", "Sign in first: this request had no valid session."
+                    )
                 return _redirect(pages.url(f"{BASE}/login", next=request.path_qs))
             if action:
                 assert visit is not None
                 form = await request.post()
                 if not self.sessions.csrf_ok(visit.session, _field(form, CSRF_FIELD)):
                     raise Refused(
-                        403, "Refused", "Missing or invalid CSRF token: reload the page and try again."
+                        403,
+                        "Refused",
+                        "Missing or invalid CSRF token: reload the page and try again.",
                     )
             response = await handler(request, visit or Visit("", ""))
         except Refused as exc:
@@ -285,14 +295,20 @@ class Console:
         if not self.sessions.login_csrf_ok(
             request.cookies.get(LOGIN_COOKIE), _field(form, LOGIN_CSRF_FIELD)
         ):
-            raise Refused(403, "Refused", "The login form expired or came from elsewhere: reload it.")
+            raise Refused(
+                403, "Refused", "The login form expired or came from elsewhere: reload it."
+            )
         if not self.sessions.token_matches(_field(form, "token") or ""):
             await asyncio.sleep(LOGIN_FAILURE_DELAY)
             log.warning("console: failed login from %s", request.remote)
             return self._login_response(request, "Wrong token.", 401)
         response = _redirect(_safe_next(_field(form, "next")))
         _set_cookie(
-            response, request, SESSION_COOKIE, self.sessions.issue(), int(self.config.session_lifetime)
+            response,
+            request,
+            SESSION_COOKIE,
+            self.sessions.issue(),
+            int(self.config.session_lifetime),
         )
         response.del_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
         return response
@@ -307,7 +323,9 @@ class Console:
     async def overview(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         data = await self._data.overview()
         notice = _bulk_notice(request)
-        frame = self._frame(visit, "Overview", "overview", refresh=self.config.refresh, notice=notice)
+        frame = self._frame(
+            visit, "Overview", "overview", refresh=self.config.refresh, notice=notice
+        )
         return self._html(pages.overview_page(frame, data, self.metrics_holder))
 
     async def jobs(self, request: web.Request, visit: Visit) -> web.StreamResponse:
@@ -324,7 +342,9 @@ class Console:
         now = await self._data.now()
         return self._html(pages.jobs_page(self._frame(visit, "Jobs", "jobs"), f, page, before, now))
 
-    async def job(self, request: web.Request, visit: Visit, *, show: bool = False) -> web.StreamResponse:
+    async def job(
+        self, request: web.Request, visit: Visit, *, show: bool = False
+    ) -> web.StreamResponse:
         job_id = request.match_info["id"]
         job = await self._data.queue.get(job_id)
         if job is None:
@@ -334,9 +354,7 @@ class Console:
         now = await self._data.now()
         done = pages.DONE_MESSAGES.get(request.query.get("done", ""))
         live = job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
-        frame = self._frame(
-            visit, f"Job {job.name}", "jobs", notice=done, refresh=3 if live else 0
-        )
+        frame = self._frame(visit, f"Job {job.name}", "jobs", notice=done, refresh=3 if live else 0)
         page = pages.job_page(frame, job, now, payloads=self.config.payloads, show_payload=show)
         return self._html(page)
 
@@ -383,11 +401,19 @@ class Console:
             done, skipped = await self._data.retry_dead(kind)
         else:
             done, skipped = await self._data.cancel_dead(kind), 0
-        log.info("console: bulk %s of dead %s jobs: %d done, %d skipped", action, kind, done, skipped)
+        log.info(
+            "console: bulk %s of dead %s jobs: %d done, %d skipped", action, kind, done, skipped
+        )
         return _redirect(
-            pages.url(f"{BASE}/", bulk=action, kind=kind, n=done, skipped=skipped,
-                      expected=_field(form, "expected"))
-        )  # fmt: skip
+            pages.url(
+                f"{BASE}/",
+                bulk=action,
+                kind=kind,
+                n=done,
+                skipped=skipped,
+                expected=_field(form, "expected"),
+            )
+        )
 
     async def workers(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         workers = await self._data.queue.workers()
@@ -416,9 +442,13 @@ class Console:
         result = await self._data.queue.force_unlock_worker(worker_id)
         log.info("console: force-unlocked worker %s: %s", worker_id, result)
         return _redirect(
-            pages.url(f"{BASE}/workers", unlocked=1, requeued=result.get("requeued", 0),
-                      failed=result.get("failed", 0))
-        )  # fmt: skip
+            pages.url(
+                f"{BASE}/workers",
+                unlocked=1,
+                requeued=result.get("requeued", 0),
+                failed=result.get("failed", 0),
+            )
+        )
 
     async def crons(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         now, rows = await self._data.crons()
@@ -427,10 +457,12 @@ class Console:
             try:
                 cron = parse_definition(row["id"], row["job_name"], row["definition"])
             except ValueError as exc:
-                views.append(pages.CronView(row, "?", [], str(exc)))
+                views.append(pages.CronView(row, "?", [], UTC, str(exc)))
                 continue
             upcoming = next_occurrences(cron, max(now, row["last_occurrence"]), 3)
-            views.append(pages.CronView(row, cron.timezone or "UTC (interval)", upcoming, None))
+            views.append(
+                pages.CronView(row, cron.timezone or "UTC (interval)", upcoming, cron.zone, None)
+            )
         frame = self._frame(visit, "Cron schedules", "crons")
         return self._html(pages.crons_page(frame, views, now))
 
@@ -481,7 +513,9 @@ def _status(value: str | None) -> JobStatus | None:
         return JobStatus(value)
     except ValueError:
         allowed = ", ".join(s.value for s in JobStatus)
-        raise Refused(400, "Bad request", f"unknown status {value!r}: use one of {allowed}") from None
+        raise Refused(
+            400, "Bad request", f"unknown status {value!r}: use one of {allowed}"
+        ) from None
 
 
 def _moment(value: str | None, what: str) -> datetime | None:
@@ -491,7 +525,9 @@ def _moment(value: str | None, what: str) -> datetime | None:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
         raise Refused(
-            400, "Bad request", f"{what} must be a date and time like 2026-01-31T14:05, got {value!r}"
+            400,
+            "Bad request",
+            f"{what} must be a date and time like 2026-01-31T14:05, got {value!r}",
         ) from None
     return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
@@ -507,7 +543,9 @@ def _number(value: str, what: str) -> float:
     try:
         return float(value)
     except ValueError:
-        raise Refused(400, "Bad request", f"{what} must be a number of seconds, got {value!r}") from None
+        raise Refused(
+            400, "Bad request", f"{what} must be a number of seconds, got {value!r}"
+        ) from None
 
 
 def _int(value: str | None) -> int:

@@ -32,9 +32,7 @@ class Sessions:
     """Issues and checks session cookies and CSRF tokens for one API token."""
 
     def __init__(self, token: str, lifetime: float) -> None:
-        self._key = hmac.new(
-            token.encode("utf-8"), b"pgfleet console v1", hashlib.sha256
-        ).digest()
+        self._key = hmac.new(token.encode("utf-8"), b"pgfleet console v1", hashlib.sha256).digest()
         self._token_digest = hashlib.sha256(token.encode("utf-8")).digest()
         self.lifetime = lifetime
 
@@ -85,6 +83,8 @@ class Sessions:
         return self._mac("login", nonce)
 
     def login_csrf_ok(self, nonce: str | None, given: str | None) -> bool:
-        return bool(nonce) and bool(given) and hmac.compare_digest(
-            str(given).encode(), self.login_csrf(str(nonce)).encode()
+        return (
+            bool(nonce)
+            and bool(given)
+            and hmac.compare_digest(str(given).encode(), self.login_csrf(str(nonce)).encode())
         )

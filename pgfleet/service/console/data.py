@@ -9,8 +9,8 @@ from typing import Any
 from uuid import UUID
 
 from pgfleet.db import Q
-from pgfleet.db.console import CQ
 from pgfleet.db.boundary import translate_errors
+from pgfleet.db.console import CQ
 from pgfleet.jobs import JobStatus, WorkerInfo, validate_name
 from pgfleet.queue import Queue
 

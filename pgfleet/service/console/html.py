@@ -21,7 +21,7 @@ class Markup(str):
     __slots__ = ()
 
 
-Child = Union[Markup, str, int, float, None, Iterable["Child"]]
+Child = Union[Markup, str, int, float, None, Iterable["Child"]]  # noqa: UP007 (recursive)
 
 
 def escape(value: object) -> Markup:

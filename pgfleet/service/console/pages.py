@@ -16,8 +16,8 @@ from uuid import UUID
 
 from pgfleet.jobs import Job, JobStatus, WorkerInfo
 from pgfleet.service.console.auth import CSRF_FIELD, LOGIN_CSRF_FIELD
-from pgfleet.service.console.html import Child, Markup, el, join
 from pgfleet.service.console.data import JobFilter, JobPage, Overview
+from pgfleet.service.console.html import Child, Markup, el, join
 
 BASE = "/ui"
 STATIC = f"{BASE}/static"
@@ -78,7 +78,7 @@ def ago(value: datetime, now: datetime) -> str:
 
 def duration(seconds: float) -> str:
     if seconds <= 0:
-        return "–"
+        return "-"
     if seconds < 60:
         return f"{seconds:.1f}s"
     if seconds < 3600:
@@ -126,8 +126,12 @@ def post_form(action: str, csrf: str, button: str, *fields: Child, danger: bool 
 
 # ---------------------------------------------------------------- layout
 
-_NAV = (("overview", f"{BASE}/", "Overview"), ("jobs", f"{BASE}/jobs", "Jobs"),
-        ("workers", f"{BASE}/workers", "Workers"), ("crons", f"{BASE}/crons", "Cron"))  # fmt: skip
+_NAV = (
+    ("overview", f"{BASE}/", "Overview"),
+    ("jobs", f"{BASE}/jobs", "Jobs"),
+    ("workers", f"{BASE}/workers", "Workers"),
+    ("crons", f"{BASE}/crons", "Cron"),
+)
 
 
 def layout(frame: Frame, *content: Child) -> Markup:
@@ -150,6 +154,7 @@ def layout(frame: Frame, *content: Child) -> Markup:
                 el("meta", {"name": "viewport", "content": "width=device-width, initial-scale=1"}),
                 el("title", None, f"{frame.title} · pgfleet"),
                 el("link", {"rel": "stylesheet", "href": f"{STATIC}/console.css"}),
+                el("link", {"rel": "icon", "href": f"{STATIC}/favicon.svg"}),
                 el("script", {"src": f"{STATIC}/console.js", "defer": True}),
             ),
             el(
@@ -170,7 +175,9 @@ def layout(frame: Frame, *content: Child) -> Markup:
 
 
 def message_page(title: str, text: str, csrf: str | None = None) -> Markup:
-    return layout(Frame(csrf, title, ""), el("p", None, text), el("a", {"href": f"{BASE}/"}, "Back"))
+    return layout(
+        Frame(csrf, title, ""), el("p", None, text), el("a", {"href": f"{BASE}/"}, "Back")
+    )
 
 
 def login_page(login_csrf: str, next_path: str, error: str | None) -> Markup:
@@ -182,9 +189,15 @@ def login_page(login_csrf: str, next_path: str, error: str | None) -> Markup:
             el("label", {"for": "token"}, "API token"),
             el(
                 "input",
-                {"type": "password", "id": "token", "name": "token", "required": True,
-                 "autocomplete": "current-password", "autofocus": True},
-            ),  # fmt: skip
+                {
+                    "type": "password",
+                    "id": "token",
+                    "name": "token",
+                    "required": True,
+                    "autocomplete": "current-password",
+                    "autofocus": True,
+                },
+            ),
             el("input", {"type": "hidden", "name": LOGIN_CSRF_FIELD, "value": login_csrf}),
             el("input", {"type": "hidden", "name": "next", "value": next_path}),
             el("button", {"type": "submit"}, "Log in"),
@@ -209,12 +222,16 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
             else 0,
             duration(float(r["oldest_age"])),
             join(
-                el("a", {"href": url(f"{BASE}/bulk", action="retry", kind=r["name"])},
-                   "retry dead"),
+                el(
+                    "a", {"href": url(f"{BASE}/bulk", action="retry", kind=r["name"])}, "retry dead"
+                ),
                 " · ",
-                el("a", {"href": url(f"{BASE}/bulk", action="cancel", kind=r["name"])},
-                   "cancel dead"),
-            )  # fmt: skip
+                el(
+                    "a",
+                    {"href": url(f"{BASE}/bulk", action="cancel", kind=r["name"])},
+                    "cancel dead",
+                ),
+            )
             if r["dead"]
             else "",
         )
@@ -239,8 +256,14 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
             "section",
             {"class": "cards"},
             card("Workers alive", f"{len(alive)} / {len(data.workers)}", f"{BASE}/workers"),
-            card("Queued (due)", sum(int(r["queued"]) for r in data.kinds), f"{BASE}/jobs?status=queued"),
-            card("Running", sum(int(r["running"]) for r in data.kinds), f"{BASE}/jobs?status=running"),
+            card(
+                "Queued (due)",
+                sum(int(r["queued"]) for r in data.kinds),
+                f"{BASE}/jobs?status=queued",
+            ),
+            card(
+                "Running", sum(int(r["running"]) for r in data.kinds), f"{BASE}/jobs?status=running"
+            ),
             card("Dead", sum(int(r["dead"]) for r in data.kinds), f"{BASE}/jobs?status=failed"),
         ),
         el("h2", None, "Per kind"),
@@ -283,7 +306,9 @@ def holder_text(uid: UUID, workers: dict[UUID, WorkerInfo], own: UUID | None) ->
 # ---------------------------------------------------------------- jobs
 
 
-def jobs_page(frame: Frame, f: JobFilter, page: JobPage, before: UUID | None, now: datetime) -> Markup:
+def jobs_page(
+    frame: Frame, f: JobFilter, page: JobPage, before: UUID | None, now: datetime
+) -> Markup:
     query = {
         "status": f.status.value if f.status else None,
         "kind": f.kind,
@@ -326,18 +351,33 @@ def jobs_page(frame: Frame, f: JobFilter, page: JobPage, before: UUID | None, no
         kind_bulk = el(
             "p",
             None,
-            el("a", {"href": url(f"{BASE}/bulk", action="retry", kind=f.kind)},
-               f"Retry every dead {f.kind} job…"),
+            el(
+                "a",
+                {"href": url(f"{BASE}/bulk", action="retry", kind=f.kind)},
+                f"Retry every dead {f.kind} job…",
+            ),
             " · ",
-            el("a", {"href": url(f"{BASE}/bulk", action="cancel", kind=f.kind)},
-               f"Cancel every dead {f.kind} job…"),
-        )  # fmt: skip
+            el(
+                "a",
+                {"href": url(f"{BASE}/bulk", action="cancel", kind=f.kind)},
+                f"Cancel every dead {f.kind} job…",
+            ),
+        )
     return layout(
         frame,
         filter_form(f),
         kind_bulk,
         table(
-            ["Id", "Kind", "Status", "Attempt", "Queue", "Created", "Run at / finished", "Last error"],
+            [
+                "Id",
+                "Kind",
+                "Status",
+                "Attempt",
+                "Queue",
+                "Created",
+                "Run at / finished",
+                "Last error",
+            ],
             rows,
             "No job matches.",
         ),
@@ -354,18 +394,48 @@ def filter_form(f: JobFilter) -> Markup:
         "form",
         {"method": "get", "action": f"{BASE}/jobs", "class": "filters"},
         el("label", None, "Status ", el("select", {"name": "status", "id": "f-status"}, options)),
-        el("label", None, "Kind ",
-           el("input", {"name": "kind", "id": "f-kind", "value": f.kind or "", "size": 16})),
-        el("label", None, "Queue ",
-           el("input", {"name": "queue", "id": "f-queue", "value": f.queue or "", "size": 12})),
-        el("label", None, "Created from (UTC) ",
-           el("input", {"type": "datetime-local", "name": "from", "id": "f-from",
-                        "value": f.since.strftime("%Y-%m-%dT%H:%M") if f.since else ""})),
-        el("label", None, "to ",
-           el("input", {"type": "datetime-local", "name": "to", "id": "f-to",
-                        "value": f.until.strftime("%Y-%m-%dT%H:%M") if f.until else ""})),
+        el(
+            "label",
+            None,
+            "Kind ",
+            el("input", {"name": "kind", "id": "f-kind", "value": f.kind or "", "size": 16}),
+        ),
+        el(
+            "label",
+            None,
+            "Queue ",
+            el("input", {"name": "queue", "id": "f-queue", "value": f.queue or "", "size": 12}),
+        ),
+        el(
+            "label",
+            None,
+            "Created from (UTC) ",
+            el(
+                "input",
+                {
+                    "type": "datetime-local",
+                    "name": "from",
+                    "id": "f-from",
+                    "value": f.since.strftime("%Y-%m-%dT%H:%M") if f.since else "",
+                },
+            ),
+        ),
+        el(
+            "label",
+            None,
+            "to ",
+            el(
+                "input",
+                {
+                    "type": "datetime-local",
+                    "name": "to",
+                    "id": "f-to",
+                    "value": f.until.strftime("%Y-%m-%dT%H:%M") if f.until else "",
+                },
+            ),
+        ),
         el("button", {"type": "submit"}, "Filter"),
-    )  # fmt: skip
+    )
 
 
 def job_page(
@@ -375,8 +445,11 @@ def job_page(
         ("Id", el("code", None, str(job.id))),
         ("Kind", el("a", {"href": url(f"{BASE}/jobs", kind=job.name)}, job.name)),
         ("Status", badge(job.status.value)),
-        ("Attempts", f"{job.attempt} of {job.max_attempts}"
-         + (" (none left)" if job.attempt >= job.max_attempts else "")),
+        (
+            "Attempts",
+            f"{job.attempt} of {job.max_attempts}"
+            + (" (none left)" if job.attempt >= job.max_attempts else ""),
+        ),
         ("Priority", job.priority),
         ("Named queue", job.queue_name or "—"),
         ("Job key", job.job_key or "—"),
@@ -384,16 +457,23 @@ def job_page(
         ("Created", when(job.created_at)),
         ("Started (last attempt)", when(job.started_at) if job.started_at else "—"),
         ("Finished", when(job.finished_at) if job.finished_at else "—"),
-        ("Held by worker",
-         el("a", {"href": f"{BASE}/workers#w-{job.worker_id}"}, str(job.worker_id))
-         if job.worker_id and job.status is JobStatus.RUNNING else "—"),
-    ]  # fmt: skip
-    details = el("dl", {"class": "fields"}, [(el("dt", None, k), el("dd", None, v)) for k, v in fields])
+        (
+            "Held by worker",
+            el("a", {"href": f"{BASE}/workers#w-{job.worker_id}"}, str(job.worker_id))
+            if job.worker_id and job.status is JobStatus.RUNNING
+            else "—",
+        ),
+    ]
+    details = el(
+        "dl", {"class": "fields"}, [(el("dt", None, k), el("dd", None, v)) for k, v in fields]
+    )
     error = el(
         "section",
         None,
         el("h2", None, "Last error"),
-        el("pre", {"class": "error-text"}, job.last_error) if job.last_error else el("p", None, "None."),
+        el("pre", {"class": "error-text"}, job.last_error)
+        if job.last_error
+        else el("p", None, "None."),
     )
     if not payloads:
         payload: Child = el(
@@ -407,9 +487,12 @@ def job_page(
         )
     else:
         payload = el(
-            "p", None, el("a", {"href": f"{BASE}/jobs/{job.id}/payload", "id": "show-payload"},
-                          "Show payload")
-        )  # fmt: skip
+            "p",
+            None,
+            el(
+                "a", {"href": f"{BASE}/jobs/{job.id}/payload", "id": "show-payload"}, "Show payload"
+            ),
+        )
     return layout(
         frame,
         details,
@@ -433,12 +516,22 @@ def job_actions(csrf: str, job: Job) -> Markup:
                 f"{base}/reschedule",
                 csrf,
                 "Reschedule",
-                el("label", None, "in seconds ",
-                   el("input", {"type": "number", "name": "delay", "min": 0, "step": "any",
-                                "size": 6})),
-                el("label", None, " or at (UTC) ",
-                   el("input", {"type": "datetime-local", "name": "at"})),
-            )  # fmt: skip
+                el(
+                    "label",
+                    None,
+                    "in seconds ",
+                    el(
+                        "input",
+                        {"type": "number", "name": "delay", "min": 0, "step": "any", "size": 6},
+                    ),
+                ),
+                el(
+                    "label",
+                    None,
+                    " or at (UTC) ",
+                    el("input", {"type": "datetime-local", "name": "at"}),
+                ),
+            )
         )
     if "fail" in allowed:
         forms.append(
@@ -446,10 +539,17 @@ def job_actions(csrf: str, job: Job) -> Markup:
                 f"{base}/fail",
                 csrf,
                 "Fail permanently",
-                el("input", {"name": "reason", "value": "failed by operator", "size": 24,
-                             "aria-label": "reason"}),
+                el(
+                    "input",
+                    {
+                        "name": "reason",
+                        "value": "failed by operator",
+                        "size": 24,
+                        "aria-label": "reason",
+                    },
+                ),
                 danger=True,
-            )  # fmt: skip
+            )
         )
     if not forms:
         return el("p", {"class": "hint"}, "No action applies to a succeeded job.")
@@ -468,8 +568,11 @@ def bulk_page(frame: Frame, action: str, kind: str, count: int) -> Markup:
         return layout(frame, el("p", None, f"There are no dead {kind} jobs."))
     return layout(
         frame,
-        el("p", {"class": "confirm", "id": "confirm-text"},
-           f"{verb} {count} dead {kind} job{'s' if count != 1 else ''}?"),
+        el(
+            "p",
+            {"class": "confirm", "id": "confirm-text"},
+            f"{verb} {count} dead {kind} job{'s' if count != 1 else ''}?",
+        ),
         el("p", None, effect),
         post_form(
             f"{BASE}/bulk",
@@ -481,7 +584,7 @@ def bulk_page(frame: Frame, action: str, kind: str, count: int) -> Markup:
             danger=action == "cancel",
         ),
         el("a", {"href": url(f"{BASE}/jobs", status="failed", kind=kind)}, "No, back to the jobs"),
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------- workers
@@ -494,8 +597,11 @@ def workers_page(frame: Frame, workers: list[WorkerInfo], now: datetime) -> Mark
             (
                 el("code", {"id": f"w-{w.id}"}, str(w.id)[:8]),
                 f"{w.hostname}:{w.pid}",
-                el("span", {"class": "badge " + ("succeeded" if w.alive else "failed")},
-                   "alive" if w.alive else "gone"),
+                el(
+                    "span",
+                    {"class": "badge " + ("succeeded" if w.alive else "failed")},
+                    "alive" if w.alive else "gone",
+                ),
                 "leader" if w.is_leader else "",
                 f"{w.running_jobs} / {w.concurrency}",
                 when(w.heartbeat_at, now),
@@ -503,51 +609,75 @@ def workers_page(frame: Frame, workers: list[WorkerInfo], now: datetime) -> Mark
                 when(w.started_at, now),
                 w.version,
                 el("a", {"href": f"{BASE}/workers/{w.id}/unlock"}, "force-unlock…"),
-            )  # fmt: skip
+            )
         )
     return layout(
         frame,
         table(
-            ["Id", "Host:pid", "Heartbeat", "Role", "Running / slots", "Last heartbeat",
-             "Expires", "Started", "Version", ""],
+            [
+                "Id",
+                "Host:pid",
+                "Heartbeat",
+                "Role",
+                "Running / slots",
+                "Last heartbeat",
+                "Expires",
+                "Started",
+                "Version",
+                "",
+            ],
             rows,
             "No worker is registered.",
-        ),  # fmt: skip
-        el("p", {"class": "hint"},
-           "A worker is alive while its heartbeat has not expired. The leader rescues the "
-           "jobs of expired workers by itself; force-unlock does it now."),
-    )  # fmt: skip
+        ),
+        el(
+            "p",
+            {"class": "hint"},
+            "A worker is alive while its heartbeat has not expired. The leader rescues the "
+            "jobs of expired workers by itself; force-unlock does it now.",
+        ),
+    )
 
 
 def unlock_page(frame: Frame, worker: WorkerInfo, jobs: list[Any], now: datetime) -> Markup:
     warning = (
-        el("p", {"class": "error"},
-           f"This worker's heartbeat is live (last {ago(worker.heartbeat_at, now)}): "
-           "if it is still running, its jobs may run twice.")
+        el(
+            "p",
+            {"class": "error"},
+            f"This worker's heartbeat is live (last {ago(worker.heartbeat_at, now)}): "
+            "if it is still running, its jobs may run twice.",
+        )
         if worker.alive
         else el("p", None, f"Its heartbeat expired {ago(worker.expires_at, now)}.")
-    )  # fmt: skip
+    )
     listing = table(
         ["Job", "Kind", "Attempt", "Started"],
         [
-            (el("a", {"href": f"{BASE}/jobs/{j['id']}"}, str(j["id"])), j["name"],
-             f"{j['attempt']}/{j['max_attempts']}", when(j["started_at"], now))
+            (
+                el("a", {"href": f"{BASE}/jobs/{j['id']}"}, str(j["id"])),
+                j["name"],
+                f"{j['attempt']}/{j['max_attempts']}",
+                when(j["started_at"], now),
+            )
             for j in jobs
         ],
         "It holds no job.",
-    )  # fmt: skip
+    )
     return layout(
         frame,
-        el("p", {"class": "confirm", "id": "confirm-text"},
-           f"Force-unlock worker {worker.hostname}:{worker.pid} ({worker.id})? Its "
-           f"{worker.running_jobs} running job{'s' if worker.running_jobs != 1 else ''} go "
-           "back to the queue (or fail, when out of attempts) and it is deregistered."),
+        el(
+            "p",
+            {"class": "confirm", "id": "confirm-text"},
+            f"Force-unlock worker {worker.hostname}:{worker.pid} ({worker.id})? Its "
+            f"{worker.running_jobs} running job{'s' if worker.running_jobs != 1 else ''} go "
+            "back to the queue (or fail, when out of attempts) and it is deregistered.",
+        ),
         warning,
         listing,
-        post_form(f"{BASE}/workers/{worker.id}/unlock", frame.csrf or "",
-                  "Yes, force-unlock", danger=True),
+        post_form(
+            f"{BASE}/workers/{worker.id}/unlock", frame.csrf or "", "Yes, force-unlock", danger=True
+        ),
         el("a", {"href": f"{BASE}/workers"}, "No, back to the workers"),
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------- crons
@@ -558,6 +688,7 @@ class CronView:
     row: Any
     zone: str
     upcoming: list[datetime]
+    tz: Any
     problem: str | None
 
 
@@ -568,26 +699,66 @@ def crons_page(frame: Frame, crons: list[CronView], now: datetime) -> Markup:
         last_job: Child = "—"
         if r["last_job_id"] is not None:
             last_job = join(
-                el("a", {"href": f"{BASE}/jobs/{r['last_job_id']}"}, str(r["last_job_id"])[:13] + "…"),
+                el(
+                    "a",
+                    {"href": f"{BASE}/jobs/{r['last_job_id']}"},
+                    str(r["last_job_id"])[:13] + "…",
+                ),
                 " ",
                 badge(r["last_job_status"]) if r["last_job_status"] else "(pruned)",
             )
         upcoming: Child = (
             el("span", {"class": "error"}, c.problem)
             if c.problem
-            else el("ul", {"class": "plain"}, [el("li", None, when(t), " ", el("small", None, ago(t, now))) for t in c.upcoming])
+            else el(
+                "ul",
+                {"class": "plain"},
+                [
+                    el(
+                        "li",
+                        None,
+                        when(t),
+                        " ",
+                        el(
+                            "small",
+                            None,
+                            t.astimezone(c.tz).strftime("%a %H:%M %Z"),
+                            ", ",
+                            ago(t, now),
+                        ),
+                    )
+                    for t in c.upcoming
+                ],
+            )
         )
         rows.append(
-            (r["id"], r["job_name"], r["definition"], c.zone, upcoming,
-             join(when(r["last_occurrence"]), " ", el("small", None, ago(r["last_occurrence"], now))),
-             last_job)
-        )  # fmt: skip
+            (
+                r["id"],
+                r["job_name"],
+                r["definition"],
+                c.zone,
+                upcoming,
+                join(
+                    when(r["last_occurrence"]),
+                    " ",
+                    el("small", None, ago(r["last_occurrence"], now)),
+                ),
+                last_job,
+            )
+        )
     return layout(
         frame,
         table(
-            ["Schedule", "Job", "Definition", "Zone", "Next occurrences", "Last occurrence",
-             "Its job"],
+            [
+                "Schedule",
+                "Job",
+                "Definition",
+                "Zone",
+                "Next occurrences",
+                "Last occurrence",
+                "Its job",
+            ],
             rows,
             "No cron schedule is recorded: workers record theirs when they start (--crons).",
-        ),  # fmt: skip
+        ),
     )
