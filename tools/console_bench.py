@@ -169,7 +169,7 @@ async def measure(dsn: str, rounds: int) -> list[dict[str, Any]]:
     base = f"http://127.0.0.1:{port}"
     results = []
     try:
-        async with aiohttp.ClientSession() as session:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as session:
             await _login(session, base)
             for label, path in await pages(dsn):
                 server, wall = [], []

@@ -73,7 +73,7 @@ class Overview:
 class ConsoleData:
     """The console's one caller of SQL."""
 
-    def __init__(self, pool: Any, queue: Queue, window: int = 20_000) -> None:
+    def __init__(self, pool: Any, queue: Queue, window: int = 10_000) -> None:
         self.pool = pool
         self.queue = queue
         self.window = window

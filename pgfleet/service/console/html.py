@@ -7,7 +7,7 @@ payload holding ``<script>`` renders as text.
 
 from __future__ import annotations
 
-import html
+from html import escape as _escape
 from collections.abc import Iterable, Mapping
 from typing import Union
 
@@ -27,37 +27,46 @@ Child = Union[Markup, str, int, float, None, Iterable["Child"]]  # noqa: UP007 (
 def escape(value: object) -> Markup:
     if isinstance(value, Markup):
         return value
-    return Markup(html.escape(str(value), quote=True))
+    return Markup(_escape(str(value), quote=True))
 
 
-def _children(items: Iterable[Child]) -> Iterable[str]:
-    for item in items:
-        if item is None or item is False:
-            continue
-        if isinstance(item, str | int | float):
-            yield escape(item)
-        else:
-            yield from _children(item)
+def _append(out: list[str], item: Child) -> None:
+    if item is None or item is False:
+        return
+    if isinstance(item, Markup):
+        out.append(item)
+    elif isinstance(item, str):
+        out.append(_escape(item, quote=True))
+    elif isinstance(item, int | float):
+        out.append(str(item))  # digits, a sign, a dot: nothing to escape
+    else:
+        for child in item:
+            _append(out, child)
 
 
 def el(tag: str, attrs: Mapping[str, object] | None = None, *children: Child) -> Markup:
     """``<tag attrs>children</tag>``. An attribute whose value is None or False is
     left out; True gives a bare attribute. Tag and attribute names come from code."""
-    parts = [f"<{tag}"]
-    for name, value in (attrs or {}).items():
-        if value is None or value is False:
-            continue
-        if value is True:
-            parts.append(f" {name}")
-        else:
-            parts.append(f' {name}="{escape(value)}"')
-    parts.append(">")
+    out = ["<", tag]
+    if attrs:
+        for name, value in attrs.items():
+            if value is None or value is False:
+                continue
+            if value is True:
+                out.append(f" {name}")
+            else:
+                out.append(f' {name}="{escape(value)}"')
+    out.append(">")
     if tag in _VOID:
-        return Markup("".join(parts))
-    parts.extend(_children(children))
-    parts.append(f"</{tag}>")
-    return Markup("".join(parts))
+        return Markup("".join(out))
+    for child in children:
+        _append(out, child)
+    out.append(f"</{tag}>")
+    return Markup("".join(out))
 
 
 def join(*children: Child) -> Markup:
-    return Markup("".join(_children(children)))
+    out: list[str] = []
+    for child in children:
+        _append(out, child)
+    return Markup("".join(out))
