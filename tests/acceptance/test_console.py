@@ -108,7 +108,7 @@ async def status(pool: asyncpg.Pool, job_id: UUID) -> str:
 async def test_operator_finds_a_dead_job_retries_it_and_watches_it_succeed(
     fleet: Fleet, pool: asyncpg.Pool, browser: Any, shots: Path
 ) -> None:
-    api = await fleet.api(env={"PGFLEET_API_TOKEN": TOKEN})
+    api = await fleet.api(env={"PGFLEET_API_TOKEN": TOKEN}, metrics=True)
     worker = fleet.spawn(
         "worker",
         "worker",
@@ -146,8 +146,14 @@ async def test_operator_finds_a_dead_job_retries_it_and_watches_it_succeed(
     await page.click("form.login button[type=submit]")
     await page.wait_for_url(re.compile(r"/ui/jobs$"))
 
-    # The overview: per kind, the dead count and the bulk links.
+    # The overview: per kind, the dead count and the bulk links; the fleet's roles.
+    async with aiohttp.ClientSession() as http, http.get(f"{api.metrics_url}/metrics") as resp:
+        assert resp.status == 200  # a scrape: the api takes the metrics lease
     await page.goto(f"{api.url}/ui/")
+    metrics_role = page.locator("tr", has_text="metrics")
+    assert "this api process" in await metrics_role.inner_text()
+    leader_role = page.locator("tr", has_text="leader")
+    assert f":{worker.pid}" in await leader_role.inner_text()
     row = page.locator("tr", has_text="charge_card")
     assert (await row.locator("td").nth(4).inner_text()).strip() == str(dead)
     assert await page.locator("#refresh-toggle").is_visible()  # console.js ran
