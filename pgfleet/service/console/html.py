@@ -7,8 +7,8 @@ payload holding ``<script>`` renders as text.
 
 from __future__ import annotations
 
-from html import escape as _escape
 from collections.abc import Iterable, Mapping
+from html import escape as _escape
 from typing import Union
 
 #: Elements with no closing tag.
