@@ -318,7 +318,7 @@ def jobs_page(
     }
     rows = [
         (
-            el("a", {"href": f"{BASE}/jobs/{r['id']}", "class": "mono"}, str(r["id"])[:13] + "…"),
+            el("a", {"href": f"{BASE}/jobs/{r['id']}", "class": "mono"}, str(r["id"])),
             r["name"],
             badge(r["status"]),
             f"{r['attempt']}/{r['max_attempts']}",
@@ -668,7 +668,7 @@ def unlock_page(frame: Frame, worker: WorkerInfo, jobs: list[Any], now: datetime
             "p",
             {"class": "confirm", "id": "confirm-text"},
             f"Force-unlock worker {worker.hostname}:{worker.pid} ({worker.id})? Its "
-            f"{worker.running_jobs} running job{'s' if worker.running_jobs != 1 else ''} go "
+            f"{worker.running_jobs} running job{'s go' if worker.running_jobs != 1 else ' goes'} "
             "back to the queue (or fail, when out of attempts) and it is deregistered.",
         ),
         warning,
