@@ -391,3 +391,64 @@ async def test_without_a_token_the_console_refuses_and_no_ui_turns_it_off(fleet:
                 assert resp.status == 404, path
         async with http.get(f"{off.url}/healthz") as resp:
             assert resp.status == 200
+
+
+async def test_bad_input_and_refused_actions_get_a_page_naming_the_problem(
+    fleet: Fleet, pool: asyncpg.Pool
+) -> None:
+    api = await fleet.api(env={"PGFLEET_API_TOKEN": TOKEN})
+    queue = Queue(pool)
+    dead = await queue.enqueue("charge_card", {})
+    await queue.permanently_fail(dead, "broken")
+    async with session() as http:
+        await login(http, api.url)
+        for path, status, says in (
+            ("/ui/jobs?status=lost", 400, "unknown status &#x27;lost&#x27;"),
+            ("/ui/jobs?kind=no%20spaces", 400, "invalid kind"),
+            ("/ui/jobs?from=yesterday", 400, "from must be a date and time"),
+            ("/ui/jobs?before=nope", 400, "before must be a UUID"),
+            ("/ui/jobs/00000000-0000-7000-8000-000000000000", 404, "no job"),
+            ("/ui/bulk?action=explode&kind=charge_card", 400, "action must be retry or cancel"),
+            (
+                "/ui/workers/00000000-0000-4000-8000-000000000000/unlock",
+                404,
+                "No registered worker",
+            ),
+        ):
+            async with http.get(f"{api.url}{path}") as resp:
+                text = await resp.text()
+                assert resp.status == status, (path, text)
+                assert says in text, (path, text)
+        csrf = await page_csrf(http, f"{api.url}/ui/jobs/{dead}")
+        before = await pool.fetchrow("SELECT * FROM pgfleet.jobs WHERE id = $1", dead)
+        for action, form, status, says in (
+            ("cancel", {}, 409, "it is failed, and cancel applies only to queued jobs"),
+            ("reschedule", {}, 409, "reschedule applies only to queued jobs"),
+            ("fail", {}, 409, "applies only to queued or running jobs"),
+        ):
+            data = {"csrf": csrf, **form}
+            async with http.post(f"{api.url}/ui/jobs/{dead}/{action}", data=data) as resp:
+                text = await resp.text()
+                assert resp.status == status, (action, text)
+                assert says in text and "nothing was changed" in text, (action, text)
+        assert await pool.fetchrow("SELECT * FROM pgfleet.jobs WHERE id = $1", dead) == before
+        queued = await queue.enqueue("charge_card", {})
+        for form, says in (
+            ({"delay": "soon"}, "delay must be a number of seconds"),
+            ({"delay": "-5"}, "delay must be between 0 and 100 years"),
+            ({"delay": "5", "at": "2030-01-01T00:00"}, "a delay or a time, not both"),
+        ):
+            data = {"csrf": csrf, **form}
+            async with http.post(f"{api.url}/ui/jobs/{queued}/reschedule", data=data) as resp:
+                assert resp.status == 400
+                assert says in await resp.text()
+        data = {"csrf": csrf, "at": "2030-01-01T00:00"}
+        async with http.post(f"{api.url}/ui/jobs/{queued}/reschedule", data=data) as resp:
+            assert resp.status == 200 and "Rescheduled" in await resp.text()
+        run_at = await pool.fetchval("SELECT run_at FROM pgfleet.jobs WHERE id = $1", queued)
+        assert run_at.isoformat() == "2030-01-01T00:00:00+00:00"
+        # Logging out ends the session in this browser.
+        async with http.post(f"{api.url}/ui/logout", data={"csrf": csrf}) as resp:
+            assert resp.url.path == "/ui/login"
+        async with http.get(f"{api.url}/ui/", allow_redirects=False) as resp:
+            assert resp.status == 303
