@@ -1,9 +1,9 @@
 -- The operator console's queries (pgfleet/service/console), named like queries.sql
 -- and loaded and checked at import by pgfleet/db/console.py. Every one is served by
 -- an index: the console must stay fast on a table of millions of retained jobs.
--- The console's pool plans each statement with its actual parameters
--- (plan_cache_mode = force_custom_plan), so a status filter can pick the partial
--- index of that status.
+-- The console's pool keeps no prepared statements (statement_cache_size=0), so each
+-- statement is planned with its actual parameters and a status filter can pick the
+-- partial index of that status.
 
 -- name: console_jobs_page :many
 -- One page of jobs, newest first, older than the cursor $4 and not older than $5

@@ -5,7 +5,8 @@ SameSite=Strict session cookie). Every change is a POST that must carry the
 session's CSRF token and, when the browser says where it comes from, an Origin of
 this host. Pages are sent with a strict Content-Security-Policy (scripts and styles
 from /ui/static only, no inline script) and are never cached. The console has its
-own small pool, which plans every statement with its actual parameters.
+own small pool, which plans every statement with its actual parameters (no
+statement cache).
 """
 
 from __future__ import annotations
@@ -134,7 +135,10 @@ class Console:
                 min_size=0,
                 max_size=self.config.pool_size,
                 timeout=5.0,
-                server_settings={"plan_cache_mode": "force_custom_plan"},
+                # No named prepared statements: each query is planned with its actual
+                # parameters (a status filter picks its partial index), and the pool
+                # works behind PgBouncer in transaction mode.
+                statement_cache_size=0,
             )
             self.data = ConsoleData(pool, Queue(pool))
 
