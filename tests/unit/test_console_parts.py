@@ -113,3 +113,20 @@ def test_time_bounds_are_the_smallest_uuidv7_of_their_millisecond() -> None:
     floor = id_floor(moment)
     assert floor.int >> 80 == int(moment.timestamp() * 1000)
     assert floor.int & ((1 << 80) - 1) == 0
+
+
+def test_a_short_search_offers_to_go_on_from_where_it_stopped() -> None:
+    from uuid import UUID
+
+    from pgfleet.service.console import pages
+    from pgfleet.service.console.data import JobPage
+
+    stop = UUID("01a22d79-0000-7000-8000-000000000000")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    f = JobFilter(kind="rare", since=datetime(2025, 12, 1, tzinfo=UTC))
+    html = pages.jobs_page(
+        pages.Frame("c", "Jobs", "jobs"), f, JobPage([], None, stop, 10_000), None, now
+    )
+    assert "searched only the 10,000 jobs before it" in html
+    assert f'href="/ui/jobs?kind=rare&amp;from=2025-12-01T00%3A00&amp;before={stop}"' in html
+    assert "No job matches." in html

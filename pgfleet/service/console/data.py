@@ -60,6 +60,8 @@ class JobPage:
     older: UUID | None
     #: When a bounded search stopped short: the oldest id it read.
     searched_to: UUID | None
+    #: How many jobs such a search reads.
+    window: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,7 +102,7 @@ class ConsoleData:
         older = rows[limit - 1]["id"] if len(rows) > limit else None
         if older is not None:
             searched_to = None
-        return JobPage(rows[:limit], older, searched_to)
+        return JobPage(rows[:limit], older, searched_to, self.window)
 
     async def overview(self) -> Overview:
         with translate_errors("console overview"):

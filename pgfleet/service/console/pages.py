@@ -337,8 +337,8 @@ def jobs_page(
     if page.searched_to is not None:
         paging.append(
             join(
-                "No index serves this filter: searched the newest ",
-                "jobs below the cursor. ",
+                f"No index serves this filter: this page searched only the {page.window:,} "
+                "jobs before it. ",
                 el(
                     "a",
                     {"href": url(f"{BASE}/jobs", **query, before=page.searched_to)},
