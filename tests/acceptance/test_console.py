@@ -452,3 +452,23 @@ async def test_bad_input_and_refused_actions_get_a_page_naming_the_problem(
             assert resp.url.path == "/ui/login"
         async with http.get(f"{api.url}/ui/", allow_redirects=False) as resp:
             assert resp.status == 303
+
+
+async def test_a_database_that_does_not_answer_gives_a_503_page_without_its_address(
+    fleet: Fleet,
+) -> None:
+    from tests.procs import free_port
+
+    port = free_port()  # nothing listens there
+    dsn = f"postgresql://console:s3cret-pw@127.0.0.1:{port}/nowhere"
+    api = await fleet.api(dsn=dsn, env={"PGFLEET_API_TOKEN": TOKEN})
+    async with session() as http:
+        signed_in = await login(http, api.url)  # signing in needs no database
+        assert signed_in.status == 303
+        for path in ("/ui/", "/ui/jobs", "/ui/workers", "/ui/crons"):
+            async with http.get(f"{api.url}{path}") as resp:
+                text = await resp.text()
+                assert resp.status == 503, (path, text)
+                assert "did not answer" in text
+                assert "s3cret" not in text and str(port) not in text and "nowhere" not in text
+    assert "s3cret" not in api.proc.output()

@@ -191,6 +191,7 @@ class Console:
     ) -> web.StreamResponse:
         started = time.perf_counter()
         visit: Visit | None = None
+        response: web.StreamResponse
         try:
             if self.sessions is None:
                 raise Refused(
@@ -209,7 +210,8 @@ class Console:
                     raise Refused(
                         403, "Not signed in", "Sign in first: this request had no valid session."
                     )
-                return _redirect(pages.url(f"{BASE}/login", next=request.path_qs))
+                response = _redirect(pages.url(f"{BASE}/login", next=request.path_qs))
+                return self._finish(response, started)
             if action:
                 assert visit is not None
                 form = await request.post()
@@ -233,13 +235,22 @@ class Console:
         except ValidationError as exc:
             response = self._html(pages.message_page("Bad request", str(exc), _csrf(visit)), 400)
         except (DatabaseUnavailable, SchemaNotReady) as exc:
+            # The details (addresses, driver messages) go to the log, not the page.
             log.warning("console: %s", exc)
+            text = (
+                "The database schema is not ready: run pgfleet migrate."
+                if isinstance(exc, SchemaNotReady)
+                else "The database did not answer; the api's log says why. Try again shortly."
+            )
             response = self._html(
-                pages.message_page("Database unavailable", str(exc), _csrf(visit)), 503
+                pages.message_page("Database unavailable", text, _csrf(visit)), 503
             )
         except PgfleetError as exc:
             log.error("console: %s", exc)
             response = self._html(pages.message_page("Error", "internal error", _csrf(visit)), 500)
+        return self._finish(response, started)
+
+    def _finish(self, response: web.StreamResponse, started: float) -> web.StreamResponse:
         elapsed = (time.perf_counter() - started) * 1000
         response.headers.update(SECURITY_HEADERS)
         response.headers["Cache-Control"] = "no-store"
