@@ -134,6 +134,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env_default("API_STRICT", "") not in ("", "0", "false"),
         help="refuse job names the --app registry has no handler for [PGFLEET_API_STRICT]",
     )
+    from pgfleet.service import console_flags
+
+    console_flags.add_arguments(parser)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -249,10 +252,14 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
     registry.register(stats)
     api = JobsApi(queue, config, ApiMetrics(registry))
     servers: list[Server] = []
+    app = api.application()
+    from pgfleet.service import console_flags
+
+    console = console_flags.build(args, config.auth_token, stats.holder)
+    if console is not None:
+        await console.attach(app, args.dsn)
     try:
-        public = Server(
-            api.application(), args.host, args.port, "jobs API", shutdown_timeout=STOP_GRACE
-        )
+        public = Server(app, args.host, args.port, "jobs API", shutdown_timeout=STOP_GRACE)
         await public.start()
         servers.append(public)
         if args.metrics_port:

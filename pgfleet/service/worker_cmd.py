@@ -312,6 +312,7 @@ def _metrics(args: argparse.Namespace, worker: Any, pool: Any, registry: Any, co
     events.prime(worker.served_names)
     worker.add_events(events)
     stats = QueueStats(BoundedPool(pool, config.seconds("database_timeout")), registry.names())
+    stats.holder = worker.id  # so the console can name the worker holding the lease
     prom.register(stats)
     worker.on_enqueued = metrics.count_enqueued
     return metrics_server(
