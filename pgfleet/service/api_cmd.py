@@ -257,7 +257,7 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
 
     console = console_flags.build(args, config.auth_token, stats.holder)
     if console is not None:
-        await console.attach(app, args.dsn)
+        await console.attach(app, args.dsn, args.database_timeout)
     try:
         public = Server(app, args.host, args.port, "jobs API", shutdown_timeout=STOP_GRACE)
         await public.start()

@@ -24,6 +24,8 @@ from uuid import UUID
 
 from aiohttp import web
 
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, BoundedPool
+from pgfleet.db.bounded import close_pool as close_bounded_pool
 from pgfleet.errors import (
     DatabaseUnavailable,
     DuplicateJobKey,
@@ -124,8 +126,11 @@ class Console:
             for name in STATIC_TYPES
         }
 
-    async def attach(self, app: web.Application, dsn: str) -> None:
-        """Route /ui on ``app``; the console's pool opens and closes with the app."""
+    async def attach(
+        self, app: web.Application, dsn: str, database_timeout: float = DEFAULT_DATABASE_TIMEOUT
+    ) -> None:
+        """Route /ui on ``app``; the console's pool opens and closes with the app.
+        Every call of the console is bounded by ``database_timeout`` seconds."""
 
         async def open_pool(_app: web.Application) -> None:
             import pgfleet
@@ -140,12 +145,13 @@ class Console:
                 # works behind PgBouncer in transaction mode.
                 statement_cache_size=0,
             )
-            self.data = ConsoleData(pool, Queue(pool))
+            db = BoundedPool(pool, database_timeout)
+            self.data = ConsoleData(db, Queue(db))
 
         async def close_pool(_app: web.Application) -> None:
             if self.data is not None:
                 await self.data.queue.flush_notifications()
-                await self.data.pool.close()
+                await close_bounded_pool(self.data.pool)
                 self.data = None
 
         app.on_startup.append(open_pool)
