@@ -14,7 +14,7 @@ from uuid import UUID
 from pgfleet import _ids
 from pgfleet.db import Q
 from pgfleet.db.boundary import job_from_record, translate_errors, worker_from_record
-from pgfleet.db.bounded import tune_socket
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, tune_socket
 from pgfleet.errors import (
     DuplicateJobKey,
     InvalidJobState,
@@ -638,15 +638,22 @@ async def create_pool(dsn: str | None = None, **kwargs: Any) -> Any:
     needs because it leaves no session state behind. An open transaction is still
     rolled back. Use it for pools that serve pgfleet; keep a default pool for code
     that changes session settings.
+
+    Each connection gets TCP keepalive and a TCP user timeout, connecting gives up
+    after ``timeout`` (default 10 s), and handing a connection back never waits more
+    than ``release_timeout`` seconds (default 15) for a cancelled query to be
+    acknowledged: a query that timed out on a server that no longer answers drops
+    its connection instead of holding the caller and the pool slot for ever.
     """
-    import asyncpg
+    from pgfleet.db import pool as pools
 
     kwargs.setdefault("reset", _no_session_reset)
     # A server that accepts TCP but never answers must not hold up a connect for
     # asyncpg's default of a minute.
     kwargs.setdefault("timeout", CONNECT_TIMEOUT)
     kwargs["init"] = _with_tuned_socket(kwargs.get("init"))
-    return await asyncpg.create_pool(dsn, **kwargs)
+    release_timeout = kwargs.pop("release_timeout", DEFAULT_DATABASE_TIMEOUT)
+    return await pools.create(dsn, release_timeout, **kwargs)
 
 
 #: Default connect timeout of ``create_pool``, in seconds.

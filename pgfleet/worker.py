@@ -902,7 +902,7 @@ class Worker:
                         finally:
                             timed_out = scope.expired()
                 else:
-                    await self._run_in_thread(handler, job, payload, timeout)
+                    timed_out = await self._run_in_thread(handler, job, payload, timeout)
         except asyncio.CancelledError:
             if timed_out:
                 error = TimeoutError()
@@ -917,7 +917,7 @@ class Worker:
         if error is None:
             log.info("job succeeded: %s %s in %.1f ms", job.name, job.id, duration * 1000)
             return _Outcome(job, "succeeded", "succeeded", duration)
-        if timed_out or (isinstance(error, TimeoutError) and not str(error)):
+        if timed_out:
             message = f"TimeoutError: handler ran longer than its timeout of {timeout}s"
         else:
             message = describe_error(error, _MAX_ERROR_LENGTH)
@@ -962,7 +962,9 @@ class Worker:
 
     async def _run_in_thread(
         self, handler: Handler, job: Job, payload: Any, timeout: float | None
-    ) -> None:
+    ) -> bool:
+        """Run a sync handler in the worker's threads; True when its timeout cut it
+        (a TimeoutError the handler raised itself is its own error, re-raised)."""
         if self._threads is None:
             self._threads = concurrent.futures.ThreadPoolExecutor(
                 max_workers=self._concurrency, thread_name_prefix="pgfleet-job"
@@ -971,4 +973,11 @@ class Worker:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._threads, ctx.run, handler.call, job, payload)
         # The thread cannot be stopped: on timeout or shutdown its result is ignored.
-        await asyncio.wait_for(future, timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            if future.done() and not future.cancelled():
+                raise  # the handler's own
+            return True
+        return False

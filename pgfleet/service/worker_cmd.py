@@ -281,7 +281,12 @@ async def serve(args: argparse.Namespace) -> int:
     stopper = Stopper()
     stopper.install()
     # min_size=0: a database that is down at start is retried by the worker, not fatal.
-    pool = await pgfleet.create_pool(args.dsn, min_size=0, max_size=max(pool_size, 3))
+    pool = await pgfleet.create_pool(
+        args.dsn,
+        min_size=0,
+        max_size=max(pool_size, 3),
+        release_timeout=config.seconds("database_timeout"),
+    )
     server = None
     try:
         worker = Worker(pool, registry, config, crons=crons)

@@ -303,3 +303,26 @@ async def test_queue_checks_payloads_against_handler_types(pool: asyncpg.Pool) -
     assert await pool.fetchval("SELECT count(*) FROM pgfleet.jobs") == 1
     with pytest.raises(pgfleet.InvalidOptions, match="check_payloads"):
         Queue(pool, check_payloads=True)
+
+
+async def test_a_query_timeout_on_a_hung_connection_returns_and_frees_the_slot(
+    database: str, proxy: ChaosProxy
+) -> None:
+    """What a handler does with the worker's pool: asyncpg's own release would wait
+    for ever for the cancel of a timed-out query that the server never answers."""
+    raw = await pgfleet.create_pool(
+        _through(database, proxy.port), min_size=0, max_size=1, release_timeout=1.0
+    )
+    try:
+        assert await raw.fetchval("SELECT 1") == 1
+        proxy.hang()
+        call = asyncio.create_task(raw.execute("SELECT 1", timeout=1.0))
+        done, _ = await asyncio.wait({call}, timeout=60)
+        assert done, "a query timeout on a hung connection never returned"
+        with pytest.raises(TimeoutError):
+            call.result()
+        await proxy.heal()
+        # max_size=1: the slot came back, with a new connection behind it.
+        assert await asyncio.wait_for(raw.fetchval("SELECT 2"), 60) == 2
+    finally:
+        await close_pool(raw, timeout=2.0)
