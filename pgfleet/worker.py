@@ -606,7 +606,7 @@ class Worker:
                     reached = held is not None
                     async with asyncio.timeout(self._timeout):
                         if held is None:
-                            held = Held(await self._pool.acquire())
+                            held = Held(await self._pool.acquire(timeout=self._timeout))
                             await held.conn.execute(Q.claim_session_begin.sql)
                             reached = True
                             if self._failures:

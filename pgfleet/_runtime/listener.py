@@ -81,7 +81,7 @@ class Listener:
 
     async def _listen_once(self) -> None:
         async with asyncio.timeout(self._timeout):
-            held = Held(await self._pool.acquire())
+            held = Held(await self._pool.acquire(timeout=self._timeout))
         conn = held.conn
         lost = asyncio.Event()
         broken = False

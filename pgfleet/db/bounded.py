@@ -152,7 +152,9 @@ class BoundedPool:
         conn: Any = None
         try:
             async with asyncio.timeout(self.timeout):
-                conn = await self.raw.acquire()
+                # The acquire's own timeout also bounds asyncpg's release of this
+                # connection and its close once the pool expired it.
+                conn = await self.raw.acquire(timeout=self.timeout)
                 held = Held(conn)
                 try:
                     yield conn
