@@ -151,7 +151,9 @@ RESET = "TRUNCATE bench_raw.jobs, pgfleet.jobs, pgqueuer, pgqueuer_log; DELETE F
 # ---------------------------------------------------------------- enqueue
 
 
-async def enqueue_round(runs: Runs, dsn: str, single: int, batch_total: int) -> None:
+async def enqueue_round(
+    runs: Runs, dsn: str, single: int, batch_total: int, flip: bool = False
+) -> None:
     from pgqueuer.db import AsyncpgDriver, AsyncpgPoolDriver
 
     pgq = _pgqueuer()
@@ -164,10 +166,10 @@ async def enqueue_round(runs: Runs, dsn: str, single: int, batch_total: int) -> 
             for _ in range(single):
                 await conn.execute(benchsql.RAW_INSERT_ONE, payload)
 
-        async def fleet_single() -> None:
+        async def fleet_single(held: Any = None) -> None:
             queue = Queue(pool)
             for i in range(single):
-                await queue.enqueue("noop", {"n": i})
+                await queue.enqueue("noop", {"n": i}, connection=held)
             await queue.flush_notifications()
 
         async def pgq_single(queries: Any) -> None:
@@ -193,7 +195,8 @@ async def enqueue_round(runs: Runs, dsn: str, single: int, batch_total: int) -> 
 
         steps: list[tuple[str, int, Callable[[], Awaitable[Any]]]] = [
             ("enqueue single raw", single, raw_single),
-            ("enqueue single pgfleet", single, fleet_single),
+            ("enqueue single pgfleet pool", single, fleet_single),
+            ("enqueue single pgfleet conn", single, lambda: fleet_single(conn)),
             ("enqueue single pgqueuer conn", single, lambda: pgq_single(pgq_queries_conn)),
             ("enqueue single pgqueuer pool", single, lambda: pgq_single(pgq_queries_pool)),
             ("enqueue batch500 raw", batch_total, raw_batch),
@@ -202,7 +205,7 @@ async def enqueue_round(runs: Runs, dsn: str, single: int, batch_total: int) -> 
         ]
         pgq_queries_conn = pgq.Queries(AsyncpgDriver(conn))
         pgq_queries_pool = pgq.Queries(AsyncpgPoolDriver(pool))
-        for key, jobs, fn in steps:
+        for key, jobs, fn in reversed(steps) if flip else steps:
             await pool.execute(RESET)
             await _measure(runs, dsn, key, jobs, fn)
     finally:
@@ -370,14 +373,14 @@ async def _latency(dsn: str, child_args: list[str], enqueue: Any, seconds: float
     return sorted((started[j] - t) * 1000 for j, t in expected.items())
 
 
-async def latency_round(runs: Runs, dsn: str, seconds: float, stale: bool) -> None:
+async def latency_round(runs: Runs, dsn: str, seconds: float, stale: bool, flip: bool) -> None:
     pgq = _pgqueuer()
     from pgqueuer.db import AsyncpgPoolDriver
 
     pool = await create_pool(dsn, min_size=PRODUCERS + 2, max_size=PRODUCERS + 2)
     tag = "stale" if stale else "plain"
     try:
-        for peer in ("pgfleet", "pgqueuer"):
+        for peer in ("pgqueuer", "pgfleet") if flip else ("pgfleet", "pgqueuer"):
             await pool.execute(RESET)
             if stale:
                 # Statistics analysed over a deep backlog that is gone by the run.
@@ -415,9 +418,10 @@ def _ratio(runs: Runs, a: str, b: str) -> float:
 
 def report(runs: Runs) -> dict[str, Any]:
     best = {
-        "enqueue single pgqueuer": max(
-            runs.median("enqueue single pgqueuer conn"), runs.median("enqueue single pgqueuer pool")
+        f"enqueue single {peer}": max(
+            runs.median(f"enqueue single {peer} conn"), runs.median(f"enqueue single {peer} pool")
         )
+        for peer in ("pgfleet", "pgqueuer")
     }
     for level, settings in PGQUEUER_DRAIN.items():
         best[f"drain {level} pgqueuer"] = max(
@@ -425,13 +429,21 @@ def report(runs: Runs) -> dict[str, Any]:
         )
     m = runs.median
     rows = {
-        "enqueue single": (m("enqueue single pgfleet"), best["enqueue single pgqueuer"]),
+        "enqueue single": (best["enqueue single pgfleet"], best["enqueue single pgqueuer"]),
+        "enqueue single, pool": (
+            m("enqueue single pgfleet pool"),
+            m("enqueue single pgqueuer pool"),
+        ),
+        "enqueue single, one connection": (
+            m("enqueue single pgfleet conn"),
+            m("enqueue single pgqueuer conn"),
+        ),
         "enqueue batches of 500": (m("enqueue batch500 pgfleet"), m("enqueue batch500 pgqueuer")),
         "drain c1": (m("drain c1 pgfleet"), best["drain c1 pgqueuer"]),
         "drain c16": (m("drain c16 pgfleet"), best["drain c16 pgqueuer"]),
         "drain c64": (m("drain c64 pgfleet"), best["drain c64 pgqueuer"]),
     }
-    print("\nmedians (pgfleet / pgqueuer's best setting)")
+    print("\nmedians (pgfleet / pgqueuer; a row without a setting: each at its best)")
     out: dict[str, Any] = {"rows": {}, "criteria": {}}
     for name, (fleet, peer) in rows.items():
         print(f"  {name:<28} {fleet:>10,.0f}/s {peer:>10,.0f}/s   {fleet / peer:5.2f}x")
@@ -508,12 +520,14 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", flush=True)
             if "enqueue" in args.suites:
-                await enqueue_round(runs, dsn, args.single, args.batch_total)
+                await enqueue_round(runs, dsn, args.single, args.batch_total, rep % 2 == 1)
             if "drain" in args.suites:
                 await drain_round(runs, dsn, args.drain_total, args.single_drain_total)
             if "latency" in args.suites:
-                await latency_round(runs, dsn, args.latency_seconds, stale=False)
-                await latency_round(runs, dsn, args.latency_seconds, stale=True)
+                # Who goes first alternates between repeats (checkpoints, neighbours).
+                flip = rep % 2 == 1
+                await latency_round(runs, dsn, args.latency_seconds, stale=False, flip=flip)
+                await latency_round(runs, dsn, args.latency_seconds, stale=True, flip=flip)
         result = report(runs) if set(args.suites) >= {"enqueue", "drain"} else {}
         result.update(
             {
