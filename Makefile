@@ -11,7 +11,7 @@ PROFILE ?= full
 LOADTEST_ARGS ?=
 CONSOLE_BENCH_ARGS ?=
 
-.PHONY: help venv test lint format bench fleet loadtest loadtest-smoke chaos clean screenshots console-bench
+.PHONY: help venv test lint format bench bench-peers fleet loadtest loadtest-smoke chaos clean screenshots console-bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -47,6 +47,11 @@ format: venv ## apply ruff's formatting and safe fixes
 bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
 	mkdir -p bench-results
 	$(VENV)/bin/pgfleet bench --dsn '$(BENCH_DSN)' --json bench-results/latest.json $(BENCH_ARGS)
+
+bench-peers: venv ## pgfleet vs pgqueuer (pinned) vs raw SQL, interleaved (BENCH_DSN=..., BENCH_ARGS=...)
+	$(PY) -m pip install --quiet 'pgqueuer==1.6.0'
+	mkdir -p bench-results
+	$(PY) -m tools.bench.peers --dsn '$(BENCH_DSN)' --json bench-results/peers.json $(BENCH_ARGS)
 
 fleet: $(VENV)/.fleet-installed ## run the fleet without Docker until Ctrl-C (FLEET_ARGS='--processes 5 --rate 50')
 	$(PY) -m tools.fleet $(FLEET_ARGS)

@@ -15,6 +15,7 @@ import functools
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -57,6 +58,7 @@ class Bench:
     scale: float
     results: list[Result] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
+    cpu: CpuRuns = field(default_factory=lambda: CpuRuns())
 
     def n(self, count: int) -> int:
         return max(1, int(count * self.scale))
@@ -65,7 +67,25 @@ class Bench:
         self.results.append(result)
         digits = 2 if result.unit == "ms" else 0
         line = f"  {result.name:<44} median {result.median:>11,.{digits}f} {result.unit}"
-        print(line + f"   runs {[round(r, digits) for r in result.runs]}", flush=True)
+        runs = [round(r, digits) for r in result.runs]
+        print(f"{line}   runs {runs}{_cpu_text(result)}", flush=True)
+
+
+def _cpu_text(result: Result) -> str:
+    client = result.extra.get("client_cpu_ms_per_job")
+    if client is None:
+        return ""
+    server = result.extra.get("pg_cpu_ms_per_job")
+    pg = "n/a" if server is None else f"{server:.3f}"
+    return f"   cpu/job client {client:.3f} ms, postgres {pg} ms"
+
+
+async def _metered(bench: Bench, dsn: str, key: str, jobs: int, run: Awaitable[float]) -> float:
+    """Await a measurement that returns a rate, metering its CPU for ``jobs`` jobs."""
+    async with Cpu(dsn) as meter:
+        rate = await run
+    bench.cpu.add(key, meter, jobs)
+    return rate
 
 
 def _with_database(dsn: str, database: str) -> str:
@@ -94,10 +114,125 @@ async def _reset(pool: asyncpg.Pool) -> None:
     await pool.execute(benchsql.RESET)
 
 
-async def _timed(fn: Callable[[], Awaitable[int]]) -> float:
-    start = time.perf_counter()
-    count = await fn()
-    return count / (time.perf_counter() - start)
+class Cpu:
+    """CPU seconds spent during a measurement, on both sides of the wire.
+
+    Client: this process (``time.process_time``) plus the benchmark's child
+    processes that exited meanwhile (``RUSAGE_CHILDREN``). Postgres: the backends
+    connected to the benchmark's database (``pg_stat_activity``), read from
+    ``/proc/<pid>/stat`` every ``interval`` seconds, so backends that connect and
+    leave during the run are counted too; the meter's own backend and the server's
+    shared background processes (WAL writer, checkpointer) are not. Postgres CPU is
+    None when the server's processes are not readable here (another host).
+    """
+
+    _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    def __init__(self, dsn: str, interval: float = 0.1) -> None:
+        self._dsn = dsn
+        self._interval = interval
+        self._first: dict[int, float] = {}
+        self._last: dict[int, float] = {}
+        self._readable = True
+        self._conn: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self.client = 0.0
+        self.server: float | None = None
+
+    @staticmethod
+    def _children() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    def _read(self, pid: int) -> float | None:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as fh:
+                fields = fh.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            return None
+        return (int(fields[11]) + int(fields[12])) / self._TICK  # utime + stime
+
+    async def _sample(self, first: bool) -> None:
+        pids = await self._conn.fetch(benchsql.BACKEND_PIDS)
+        for row in pids:
+            pid = int(row["pid"])
+            seconds = self._read(pid)
+            if seconds is None:
+                self._readable = self._readable and pid in self._last
+                continue
+            if pid not in self._first:
+                # Present at the start: count from now. Connected later: its whole life.
+                self._first[pid] = seconds if first else 0.0
+            self._last[pid] = seconds
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            with contextlib.suppress(Exception):
+                await self._sample(False)
+
+    async def __aenter__(self) -> Cpu:
+        self._conn = await asyncpg.connect(self._dsn)
+        await self._sample(True)
+        self._client0 = time.process_time() + self._children()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.client = time.process_time() + self._children() - self._client0
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        try:
+            await self._sample(False)
+        finally:
+            await self._conn.close()
+        if self._readable and self._last:
+            self.server = sum(self._last[p] - self._first[p] for p in self._last)
+
+    def per_job(self, jobs: int) -> tuple[float, float | None]:
+        """(client, Postgres) CPU milliseconds per job."""
+        n = max(1, jobs)
+        return self.client * 1000 / n, None if self.server is None else self.server * 1000 / n
+
+
+@dataclass
+class CpuRuns:
+    """CPU per job of each run of each measurement, reported next to its rate."""
+
+    runs: dict[str, list[tuple[float, float | None]]] = field(default_factory=dict)
+
+    def add(self, key: str, cpu: Cpu, jobs: int) -> None:
+        self.runs.setdefault(key, []).append(cpu.per_job(jobs))
+
+    def extra(self, key: str) -> dict[str, Any]:
+        runs = self.runs.get(key)
+        if not runs:
+            return {}
+        server = [s for _, s in runs if s is not None]
+        return {
+            "client_cpu_ms_per_job": statistics.median(c for c, _ in runs),
+            "pg_cpu_ms_per_job": statistics.median(server) if len(server) == len(runs) else None,
+        }
+
+
+async def _timed(
+    fn: Callable[[], Awaitable[int]],
+    dsn: str | None = None,
+    cpu: CpuRuns | None = None,
+    key: str = "",
+) -> float:
+    if dsn is None or cpu is None:
+        start = time.perf_counter()
+        count = await fn()
+        return count / (time.perf_counter() - start)
+    async with Cpu(dsn) as meter:
+        start = time.perf_counter()
+        count = await fn()
+        elapsed = time.perf_counter() - start
+    cpu.add(key, meter, count)
+    return count / elapsed
 
 
 # ---------------------------------------------------------------- enqueue suite
@@ -121,7 +256,8 @@ async def suite_enqueue(bench: Bench, dsn: str) -> None:
         for _ in range(bench.repeats):
             # Every variant once per repeat, interleaved, so drift hits them alike.
             await _reset(light)
-            record("raw single", await _timed(lambda: _raw_single(held, single_n)))
+            raw_single = functools.partial(_raw_single, held, single_n)
+            record("raw single", await _timed(raw_single, dsn, bench.cpu, "raw single"))
             for key, queue, conn in (
                 ("single held", Queue(light), held),
                 ("single held off", Queue(light, notify=NotifyMode.OFF), held),
@@ -130,21 +266,27 @@ async def suite_enqueue(bench: Bench, dsn: str) -> None:
                 ("single default pool", Queue(default), None),
             ):
                 await _reset(light)
-                record(key, await _timed(functools.partial(_single, queue, single_n, conn)))
+                single = functools.partial(_single, queue, single_n, conn)
+                record(key, await _timed(single, dsn, bench.cpu, key))
             await _reset(light)
-            record("raw batch", await _timed(lambda: _raw_batch(held, batch_total, batch_size)))
+            raw_batch = functools.partial(_raw_batch, held, batch_total, batch_size)
+            record("raw batch", await _timed(raw_batch, dsn, bench.cpu, "raw batch"))
             for key, mode in (("batch", NotifyMode.COALESCED), ("batch off", NotifyMode.OFF)):
                 await _reset(light)
                 queue = Queue(light, notify=mode)
-                record(key, await _timed(functools.partial(_batch, queue, batch_total, batch_size)))
+                batch = functools.partial(_batch, queue, batch_total, batch_size)
+                record(key, await _timed(batch, dsn, bench.cpu, key))
             await _reset(big)
-            record("raw 32 producers", await _concurrent(big, producers, seconds, None))
+            key = "raw 32 producers"
+            record(
+                key,
+                await _metered_rate(bench, dsn, key, _concurrent(big, producers, seconds, None)),
+            )
             for mode in (NotifyMode.COALESCED, NotifyMode.TRANSACTION, NotifyMode.OFF):
                 await _reset(big)
-                record(
-                    f"32 producers {mode.value}",
-                    await _concurrent(big, producers, seconds, Queue(big, notify=mode)),
-                )
+                key = f"32 producers {mode.value}"
+                run = _concurrent(big, producers, seconds, Queue(big, notify=mode))
+                record(key, await _metered_rate(bench, dsn, key, run))
     finally:
         await held.close()
         for p in (light, default, big):
@@ -169,7 +311,8 @@ async def suite_enqueue(bench: Bench, dsn: str) -> None:
         "32 producers off": ("enqueue(), 32 producers, notify off", "jobs/s", "raw 32 producers"),
     }
     for key, (title, unit, ref) in labels.items():
-        bench.add(Result(key, unit, runs[key], reference=ref, extra={"title": title}))
+        extra = {"title": title, **bench.cpu.extra(key)}
+        bench.add(Result(key, unit, runs[key], reference=ref, extra=extra))
 
 
 async def _raw_single(conn: Any, n: int) -> int:
@@ -198,6 +341,16 @@ async def _batch(queue: Queue, total: int, size: int) -> int:
         await queue.enqueue_many([EnqueueRequest("noop", {"n": start + i}) for i in range(size)])
     await queue.flush_notifications()
     return total
+
+
+async def _metered_rate(bench: Bench, dsn: str, key: str, run: Awaitable[float]) -> float:
+    """Like _metered, for a timed run whose job count follows from its rate."""
+    async with Cpu(dsn) as meter:
+        start = time.perf_counter()
+        rate = await run
+        elapsed = time.perf_counter() - start
+    bench.cpu.add(key, meter, round(rate * elapsed))
+    return rate
 
 
 async def _concurrent(
@@ -335,20 +488,23 @@ async def suite_drain(bench: Bench, dsn: str) -> None:
             for claimers in (1, 2):
                 await _reset(pool)
                 await pool.execute(benchsql.RAW_FILL, total)
-                runs.setdefault(f"raw drain {claimers}", []).append(
-                    await _raw_drain(pool, claimers, 1000)
+                key = f"raw drain {claimers}"
+                runs.setdefault(key, []).append(
+                    await _metered(bench, dsn, key, total, _raw_drain(pool, claimers, 1000))
                 )
             for concurrency in (1, 16, 64):
                 n = single_total if concurrency == 1 else total
                 await _reset(pool)
                 await _fill(pool, n)
-                runs.setdefault(f"drain c{concurrency}", []).append(
-                    await _drain_in_process(pool, concurrency)
+                key = f"drain c{concurrency}"
+                runs.setdefault(key, []).append(
+                    await _metered(bench, dsn, key, n, _drain_in_process(pool, concurrency))
                 )
             await _reset(pool)
             await _fill(pool, total)
-            runs.setdefault("drain 2 processes c64", []).append(
-                await _drain_processes(dsn, 2, 64, total)
+            key = "drain 2 processes c64"
+            runs.setdefault(key, []).append(
+                await _metered(bench, dsn, key, total, _drain_processes(dsn, 2, 64, total))
             )
         stats = await pool.fetchrow(benchsql.TABLE_STATS)
     finally:
@@ -362,7 +518,8 @@ async def suite_drain(bench: Bench, dsn: str) -> None:
         "drain 2 processes c64": ("2 processes, concurrency 64 each", "raw drain 2"),
     }
     for key, (title, ref) in titles.items():
-        bench.add(Result(key, "jobs/s", runs[key], reference=ref, extra={"title": title}))
+        extra = {"title": title, **bench.cpu.extra(key)}
+        bench.add(Result(key, "jobs/s", runs[key], reference=ref, extra=extra))
     bench.facts["after drain"] = {
         "table_bytes": int(stats["total_bytes"]),
         "heap_bytes": int(stats["heap_bytes"]),
@@ -538,7 +695,7 @@ def _report(bench: Bench) -> dict[str, Any]:
         title = r.extra.get("title", r.name)
         tail = f"  {ratio:6.0%} of {r.reference}" if ratio is not None else ""
         digits = 2 if r.unit == "ms" else 0
-        print(f"  {title:<48} {r.median:>11,.{digits}f} {r.unit}{tail}")
+        print(f"  {title:<48} {r.median:>11,.{digits}f} {r.unit}{tail}{_cpu_text(r)}")
         rows.append(
             {
                 "name": r.name,

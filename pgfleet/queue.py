@@ -56,10 +56,12 @@ class NotifyMode(enum.StrEnum):
     """How enqueues wake workers. Notifications only affect latency, never whether
     a job runs: every idle worker also polls."""
 
-    #: Default. An enqueue on the queue's own pool commits without a notification;
-    #: one coalesced NOTIFY per burst follows from a separate statement, so
-    #: producers never queue on Postgres' commit-time notification lock. An enqueue
-    #: inside the caller's transaction notifies within that transaction.
+    #: Default. At most one notifying statement per queue is in flight at a time,
+    #: so producers never queue on Postgres' commit-time notification lock: a
+    #: single enqueue that finds none in flight carries its NOTIFY in its own insert
+    #: (one round trip, one commit); enqueues that overlap it commit without one,
+    #: and one coalesced NOTIFY per burst follows them from a separate statement.
+    #: An enqueue inside the caller's transaction notifies within that transaction.
     COALESCED = "coalesced"
     #: Every enqueue transaction carries its own NOTIFY (at most one per transaction).
     TRANSACTION = "transaction"
@@ -68,17 +70,36 @@ class NotifyMode(enum.StrEnum):
 
 
 class _Waker:
-    """Coalesces post-commit wakeups: at most one NOTIFY in flight per queue, and
-    one more after it when anything committed while it was in flight."""
+    """Coalesces post-commit wakeups: at most one notifying statement in flight per
+    queue (an insert carrying its own NOTIFY, or a NOTIFY on its own), and one more
+    after it when anything committed without one while it was in flight."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
         self._pending = False
+        self._inline = False
         self._task: asyncio.Task[None] | None = None
         self.sent = 0
 
+    def take_inline(self) -> bool:
+        """Claim the right to notify from the caller's own insert; False while
+        another notifying statement of this queue is in flight."""
+        if self._inline or (self._task is not None and not self._task.done()):
+            return False
+        self._inline = True
+        return True
+
+    def release_inline(self) -> None:
+        self._inline = False
+        if self._pending:
+            self._start()
+
     def request(self) -> None:
         self._pending = True
+        if not self._inline:
+            self._start()
+
+    def _start(self) -> None:
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run())
 
@@ -175,6 +196,10 @@ class Queue:
             self._check_payload(name, payload)
         job_id = _ids.uuid7()
         wake_in_tx, wake_after = self._wake_plan(connection, opts.runs_now)
+        # The coalesced wakeup of a lone enqueue rides in its own insert.
+        inline = wake_after and self._waker.take_inline()
+        if inline:
+            wake_in_tx, wake_after = True, False
         args: tuple[Any, ...]
         if opts is DEFAULT_OPTIONS:
             args = (job_id, name, text, self._default_max_attempts)
@@ -191,11 +216,15 @@ class Queue:
                 opts.delay_seconds,
             )
             query = Q.job_insert_notify if wake_in_tx else Q.job_insert
-        with translate_errors("enqueue"):
-            if connection is None:
-                await self._pool.execute(query.sql, *args)
-            else:
-                await connection.execute(query.sql, *args)
+        try:
+            with translate_errors("enqueue"):
+                if connection is None:
+                    await self._pool.execute(query.sql, *args)
+                else:
+                    await connection.execute(query.sql, *args)
+        finally:
+            if inline:
+                self._waker.release_inline()
         if wake_after:
             self._waker.request()
         if self.on_enqueued is not None:

@@ -15,8 +15,13 @@ except ImportError:  # pragma: no cover - exercised where the package is absent
     _trace = None
 
 
+# A proxy tracer: it follows whatever provider the application installs later, so
+# it is taken once rather than per job.
+_TRACER: Any = None if _trace is None else _trace.get_tracer("pgfleet")
+
+
 def _tracer() -> Any:
-    return None if _trace is None else _trace.get_tracer("pgfleet")
+    return _TRACER
 
 
 @contextlib.contextmanager

@@ -80,3 +80,8 @@ RAW_FILL = (
     "INSERT INTO bench_raw.jobs (kind, payload) SELECT 'noop', '{}' FROM generate_series(1, $1)"
 )
 PING = "SELECT 1"
+# The backends serving the benchmark's database, for its CPU meter.
+BACKEND_PIDS = (
+    "SELECT pid FROM pg_stat_activity "
+    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+)

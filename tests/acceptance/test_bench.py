@@ -50,5 +50,13 @@ async def test_bench_runs_every_suite_and_writes_json(pg_server: Server, tmp_pat
     ):
         assert expected in names
     assert all(r["median"] > 0 for r in report["results"])
+    # CPU per job next to every throughput measurement of the drain and enqueue suites:
+    # the client's always, Postgres' too when its processes are readable (a local server).
+    by_name = {r["name"]: r for r in report["results"]}
+    for metered in ("raw single", "single pool", "32 producers coalesced", "drain c16"):
+        assert by_name[metered]["client_cpu_ms_per_job"] > 0
+        if os.access("/proc/1/stat", os.R_OK) and "127.0.0.1" in pg_server.admin_dsn:
+            assert by_name[metered]["pg_cpu_ms_per_job"] is not None
+    assert "cpu/job client" in proc.output()
     assert report["facts"]["after drain"]["table_bytes"] > 0
     assert "summary (medians)" in proc.output()
