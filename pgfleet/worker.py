@@ -903,6 +903,8 @@ class Worker:
                             timed_out = scope.expired()
                 else:
                     timed_out = await self._run_in_thread(handler, job, payload, timeout)
+                    if timed_out:
+                        error = TimeoutError()
         except asyncio.CancelledError:
             if timed_out:
                 error = TimeoutError()

@@ -326,3 +326,27 @@ async def test_a_query_timeout_on_a_hung_connection_returns_and_frees_the_slot(
         assert await asyncio.wait_for(raw.fetchval("SELECT 2"), 60) == 2
     finally:
         await close_pool(raw, timeout=2.0)
+
+
+async def test_a_handlers_own_timeout_error_is_not_reported_as_its_timeout(
+    pool: asyncpg.Pool,
+) -> None:
+    registry = Registry()
+
+    @registry.job("async_own")
+    async def async_own(job: Job) -> None:
+        raise TimeoutError  # e.g. asyncpg's query timeout inside the handler
+
+    @registry.job("sync_own")
+    def sync_own(job: Job) -> None:
+        raise TimeoutError
+
+    queue = Queue(pool)
+    once = EnqueueOptions(max_attempts=1)
+    ids = [await queue.enqueue(name, options=once) for name in ("async_own", "sync_own")]
+    rec = Recorder()
+    async with running_worker(pool, registry, WorkerConfig(**FAST), rec):
+        await rec.until(lambda: len(rec.finished) >= 2, timeout=60)
+    for job_id in ids:
+        job = await queue.get(job_id)
+        assert job is not None and job.last_error == "TimeoutError: "
