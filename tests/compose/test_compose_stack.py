@@ -271,14 +271,24 @@ def test_compose_fleet_end_to_end(stack: Stack, steps: Steps) -> None:
 
         producer = threading.Thread(target=keep_posting, name="producer")
         producer.start()
-        wait_until(
-            "jobs running",
-            lambda: True if stack.statuses(ids).get("running", 0) >= 20 else None,
-            timeout=60,
-            interval=0.5,
-        )
-        workers = sorted(r["Name"] for r in stack.containers("worker"))
-        killed, restarted = workers[0], workers[1]
+        # Docker names a container's host after its id: the workers table says which
+        # replica holds which running jobs. Kill and restart replicas that hold some.
+        hostnames = {
+            stack.inspect(r["ID"])["Config"]["Hostname"]: r["Name"]
+            for r in stack.containers("worker")
+        }
+
+        def busy_replicas() -> list[tuple[str, int]] | None:
+            rows = stack.psql(
+                "SELECT w.hostname, count(*) FROM pgfleet.jobs j "
+                "JOIN pgfleet.workers w ON w.id = j.locked_by "
+                "WHERE j.status = 'running' GROUP BY 1 ORDER BY 2 DESC"
+            )
+            busy = [(hostnames[h], int(n)) for h, n in rows if h in hostnames]
+            return busy if len(busy) >= 2 else None
+
+        busy = wait_until("two replicas running jobs", busy_replicas, timeout=60, interval=0.5)
+        (killed, held), (restarted, _n) = busy[0], busy[1]
         restarts = stack.inspect(killed)["RestartCount"]
         # The pgfleet process itself, as a crash or the OOM killer would: PID 1 is the
         # init (`init: true`), so the container exits and its restart policy applies.
@@ -300,7 +310,8 @@ def test_compose_fleet_end_to_end(stack: Stack, steps: Steps) -> None:
             "WHERE attempt > 1 AND last_error LIKE '%stopped heartbeating%'"
         )[0][0]
         steps.note(
-            f"chaos: {len(everything)} jobs, all succeeded; {rescued} ran again after the kill"
+            f"chaos: {len(everything)} jobs, all succeeded; the killed replica held {held} "
+            f"running, {rescued} rescued and run again"
         )
         assert int(rescued) >= 1, "the killed worker's running jobs were rescued and re-run"
 
