@@ -66,14 +66,22 @@ def test_base_image_is_a_pinned_slim_python() -> None:
         assert image == "${PYTHON_IMAGE}" or image in stages(), image
 
 
-def test_multi_stage_with_wheels_built_apart_from_the_final_image() -> None:
+def test_multi_stage_with_dependencies_installed_apart_from_the_final_image() -> None:
     all_stages = stages()
     assert list(all_stages)[-1] == "runtime", "the default target runs pgfleet"
-    builder = " ".join(rest for _w, rest in all_stages["builder"])
-    assert "pip wheel" in builder and "'.[service]'" in builder, "uvloop comes with [service]"
+    deps = " ".join(rest for _w, rest in all_stages["deps"])
+    # Dependencies from pyproject.toml alone, before the code is copied: a code change
+    # reuses that layer. uvloop comes with [service].
+    assert "pyproject.toml worker/requirements.py ./" in deps
+    assert "requirements.py service" in deps and "pip install --requirement" in deps
+    assert "COPY pgfleet" not in deps and "README" not in deps
+    builder = all_stages["builder"]
+    assert builder[0] == ("FROM", "deps")
+    runs = [" ".join(rest.split()) for word, rest in builder if word == "RUN"]
+    assert runs == ["/opt/venv/bin/pip install --no-deps . && /opt/venv/bin/pip check"]
     # Every dependency is a binary wheel: no compiler in any stage, and pip refuses to
     # fall back to compiling an sdist (which would fail for want of one anyway).
-    assert "PIP_ONLY_BINARY=:all:" in builder
+    assert "PIP_ONLY_BINARY=:all:" in deps
     for name, body in all_stages.items():
         for word, rest in body:
             assert not (word == "RUN" and "apt-get" in rest), f"{name}: {rest}"
@@ -84,6 +92,20 @@ def test_multi_stage_with_wheels_built_apart_from_the_final_image() -> None:
             )
     runtime = all_stages["runtime"]
     assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
+
+
+def test_requirements_script_reads_the_extras_from_pyproject() -> None:
+    import tomllib
+
+    from worker.requirements import requirements
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    service = requirements(ROOT / "pyproject.toml", ["service"])
+    assert service == project["dependencies"] + project["optional-dependencies"]["service"]
+    assert any(r.startswith("uvloop") for r in service)
+    assert any(r.startswith("locust") for r in requirements(ROOT / "pyproject.toml", ["loadtest"]))
+    with pytest.raises(SystemExit, match="no such extra.*nope"):
+        requirements(ROOT / "pyproject.toml", ["nope"])
 
 
 def test_final_image_runs_as_a_non_root_user() -> None:
