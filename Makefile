@@ -9,8 +9,9 @@ FLEET_ARGS ?=
 SCENARIO ?= all
 PROFILE ?= full
 LOADTEST_ARGS ?=
+CONSOLE_BENCH_ARGS ?=
 
-.PHONY: help venv test lint format bench fleet loadtest loadtest-smoke clean
+.PHONY: help venv test lint format bench fleet loadtest loadtest-smoke chaos clean screenshots console-bench
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
@@ -55,6 +56,15 @@ loadtest: venv ## Locust scenarios + capacity report: SCENARIO=contention|drain|
 
 loadtest-smoke: venv ## every load-test scenario for a few seconds, then the report (about a minute)
 	$(PY) -m loadtest.run all --profile smoke $(LOADTEST_ARGS)
+
+chaos: venv ## chaos suite, long profile: 3000 jobs, 30 s partition (table in chaos-results/)
+	PGFLEET_CHAOS_PROFILE=long $(PY) -m pytest tests/chaos $(PYTEST_ARGS)
+
+screenshots: venv ## run the console's browser tests, writing their screenshots to docs/console/
+	PGFLEET_UI_SCREENSHOTS=docs/console $(PY) -m pytest tests/acceptance/test_console.py -q
+
+console-bench: venv ## console page render times on 1M retained jobs (BENCH_DSN=..., CONSOLE_BENCH_ARGS=...)
+	$(PY) -m tools.console_bench --dsn '$(BENCH_DSN)' $(CONSOLE_BENCH_ARGS)
 
 clean: ## remove the virtualenv, caches and the native fleet's state (.fleet: database, logs)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results .fleet

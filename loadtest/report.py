@@ -25,7 +25,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from loadtest import locustcsv
+from loadtest import autoscale, locustcsv
 
 #: A soak shorter than this cannot see pruning and vacuum (each every 60 s) settle.
 MIN_SOAK_SECONDS = 180
@@ -667,6 +667,9 @@ def write_report(results: Path, out: Path | None = None) -> Path:
         doc = _load(results / name / "points.json")
         if doc and doc["points"]:
             section(rep, doc)
+            if name == "drain":
+                # What KEDA would do with this drain rate (loadtest/autoscale.py).
+                autoscale.report_section(rep, doc)
     failed = [c for c in rep.checks if not c["ok"]]
     rep.add(
         "## Consistency",

@@ -82,9 +82,18 @@ def _encode_checked(value: Any) -> str:
         text = _encode(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise PayloadError(f"payload cannot be encoded as JSON: {exc}") from None
-    # Postgres jsonb cannot store U+0000 inside strings.
+    # Postgres jsonb cannot store U+0000 inside strings, nor UTF-8 lone surrogates.
     if "\\u0000" in text and _NUL_ESCAPE.search(text):
         raise PayloadError("payload contains a NUL character (U+0000), which jsonb cannot store")
+    if text.isascii():
+        return text
+    found = _SURROGATE.search(text)
+    if found is not None:
+        raise PayloadError(
+            f"payload contains a lone surrogate (U+{ord(found.group()):04X}), which is not "
+            "valid Unicode and cannot be stored: decode its bytes as UTF-8 (or encode them, "
+            "e.g. as base64) before enqueueing"
+        )
     return text
 
 
@@ -115,6 +124,38 @@ def encode_payload_array(payloads: list[Any], max_bytes: int = DEFAULT_MAX_PAYLO
     if text and len(text) * 4 <= max_bytes:
         return text  # the whole array fits, so every payload in it does
     return "[" + ",".join(encode_payload(p, max_bytes) for p in payloads) + "]"
+
+
+# ---------------------------------------------------------------- text
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def storable_text(text: str) -> str:
+    """``text`` as Postgres can store it: a NUL becomes the four characters ``\\x00``
+    and a lone surrogate (from bytes decoded with ``surrogateescape``, say) its
+    ``\\udcff`` escape. Anything else is left as it is."""
+    if text.isascii():
+        return text.replace("\x00", "\\x00") if "\x00" in text else text
+    text = text.replace("\x00", "\\x00")
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def describe_error(error: BaseException, limit: int) -> str:
+    """``Type: message`` of an exception, storable and at most ``limit`` characters,
+    even when its ``__str__`` fails or returns something that is not text."""
+    try:
+        detail = str(error)
+    except Exception:
+        try:
+            detail = repr(error)
+        except Exception:
+            detail = "<unprintable exception>"
+    if len(detail) > limit:
+        detail = detail[:limit]
+    return storable_text(f"{type(error).__name__}: {detail}")[:limit]
 
 
 # ---------------------------------------------------------------- decoding

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -13,11 +14,14 @@ from uuid import UUID
 from pgfleet import _ids
 from pgfleet.db import Q
 from pgfleet.db.boundary import job_from_record, translate_errors, worker_from_record
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, tune_socket
 from pgfleet.errors import (
     DuplicateJobKey,
     InvalidJobState,
     InvalidOptions,
     JobNotFound,
+    PayloadDecodeError,
+    PayloadError,
     PgfleetError,
     UnknownJobName,
 )
@@ -99,7 +103,9 @@ class Queue:
 
     ``pool`` is the application's asyncpg pool. ``known_names`` turns on strict
     mode: enqueueing a name outside it (a Registry or a collection of names) raises
-    :class:`UnknownJobName`.
+    :class:`UnknownJobName`. With ``check_payloads`` (``known_names`` a Registry), a
+    payload its handler's annotated type cannot decode raises :class:`PayloadError`
+    instead of being enqueued to fail at the worker.
     """
 
     def __init__(
@@ -110,6 +116,7 @@ class Queue:
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
         default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         known_names: Any = None,
+        check_payloads: bool = False,
     ) -> None:
         try:
             self.notify_mode = NotifyMode(notify)
@@ -127,6 +134,12 @@ class Queue:
         self._max_payload_bytes = max_payload_bytes
         self._default_max_attempts = default_max_attempts
         self._known = known_names
+        if check_payloads and not callable(getattr(known_names, "get", None)):
+            raise InvalidOptions(
+                "check_payloads needs known_names=<the Registry>: the handlers' payload "
+                "types are what payloads are checked against"
+            )
+        self._check_payloads = bool(check_payloads)
         self._waker = _Waker(pool)
         #: Called with (name, count) after jobs commit through this queue (metrics hook).
         self.on_enqueued: Callable[[str, int], None] | None = None
@@ -158,6 +171,8 @@ class Queue:
             return ids[0]
         self._check_name(name)
         text = encode_payload(payload, self._max_payload_bytes)
+        if self._check_payloads:
+            self._check_payload(name, payload)
         job_id = _ids.uuid7()
         wake_in_tx, wake_after = self._wake_plan(connection, opts.runs_now)
         args: tuple[Any, ...]
@@ -220,6 +235,19 @@ class Queue:
         # A Registry answers `in` from its handler dict: no set of names per enqueue.
         if known is not None and name not in known:
             raise UnknownJobName(f"no handler is registered for job name {name!r} (strict mode)")
+
+    def _check_payload(self, name: str, payload: Any, where: str = "") -> None:
+        """Refuse a payload its handler could never decode (``check_payloads``)."""
+        handler = self._known.get(name)
+        if handler is None or not handler.takes_payload:
+            return
+        value = json.loads(encode_payload(payload, self._max_payload_bytes))
+        try:
+            handler.decode(value)
+        except PayloadDecodeError as exc:
+            raise PayloadError(
+                f"{where}payload does not decode for the handler of {name!r}: {exc}"
+            ) from None
 
     def _wake_plan(self, connection: Any, runs_now: bool) -> tuple[bool, bool]:
         """(notify inside the transaction, request a coalesced wakeup after)."""
@@ -498,6 +526,8 @@ class _Batch:
                 )
             name = req.name
             check_name(name)
+            if queue._check_payloads:
+                queue._check_payload(name, req.payload, f"item {index}: ")
             opts = req.options
             if opts is DEFAULT_OPTIONS:
                 self.any_runs_now = True
@@ -608,8 +638,35 @@ async def create_pool(dsn: str | None = None, **kwargs: Any) -> Any:
     needs because it leaves no session state behind. An open transaction is still
     rolled back. Use it for pools that serve pgfleet; keep a default pool for code
     that changes session settings.
+
+    Each connection gets TCP keepalive and a TCP user timeout, connecting gives up
+    after ``timeout`` (default 10 s), and handing a connection back never waits more
+    than ``release_timeout`` seconds (default 15) for a cancelled query to be
+    acknowledged: a query that timed out on a server that no longer answers drops
+    its connection instead of holding the caller and the pool slot for ever.
     """
-    import asyncpg
+    from pgfleet.db import pool as pools
 
     kwargs.setdefault("reset", _no_session_reset)
-    return await asyncpg.create_pool(dsn, **kwargs)
+    # A server that accepts TCP but never answers must not hold up a connect for
+    # asyncpg's default of a minute.
+    kwargs.setdefault("timeout", CONNECT_TIMEOUT)
+    kwargs["init"] = _with_tuned_socket(kwargs.get("init"))
+    release_timeout = kwargs.pop("release_timeout", DEFAULT_DATABASE_TIMEOUT)
+    return await pools.create(dsn, release_timeout, **kwargs)
+
+
+#: Default connect timeout of ``create_pool``, in seconds.
+CONNECT_TIMEOUT = 10.0
+
+
+def _with_tuned_socket(init: Any) -> Callable[[Any], Awaitable[None]]:
+    """The pool's ``init`` hook: TCP keepalive and user timeout on each new
+    connection, so a peer that vanished is noticed, then the caller's own hook."""
+
+    async def tuned(connection: Any) -> None:
+        tune_socket(connection)
+        if init is not None:
+            await init(connection)
+
+    return tuned

@@ -26,15 +26,19 @@ from pgfleet._runtime.tracing import job_span
 from pgfleet.backoff import retry_delay
 from pgfleet.db import Q
 from pgfleet.db.boundary import is_connection_error
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, Held, bounded
 from pgfleet.db.migrate import check_schema
 from pgfleet.errors import InvalidOptions, PermanentError, SchemaNotReady
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job, JobStatus, validate_name
+from pgfleet.payloads import describe_error, storable_text
 from pgfleet.registry import Handler, Registry
 
 log = logging.getLogger("pgfleet")
 
 _MAX_ERROR_LENGTH = 4000
+#: At shutdown, the longest wait for the database to take this worker off its list.
+DEREGISTER_TIMEOUT = 3.0
 #: The claim loop and the listener each hold one; heartbeat and maintenance share one.
 _MIN_POOL_SIZE = 3
 
@@ -96,8 +100,13 @@ class WorkerConfig:
     #: Cron schedules are checked at least this often (and just after each
     #: occurrence); interval schedules shorter than this are capped to it.
     cron_poll_interval: float | timedelta = 5.0
-    #: At shutdown, how long to keep trying to write outcomes to an unreachable database.
-    completion_flush_timeout: float | timedelta = 30.0
+    #: At shutdown, how long to keep trying to write outcomes to an unreachable
+    #: database (jobs whose outcome was not written are recovered by the fleet).
+    completion_flush_timeout: float | timedelta = 10.0
+    #: Longest any database call of the runtime may take (claim round, heartbeat,
+    #: listener, rescue, prune, cron, metrics), waiting for a connection included.
+    #: A connection that does not answer in time is dropped and replaced.
+    database_timeout: float | timedelta = DEFAULT_DATABASE_TIMEOUT
 
     def __post_init__(self) -> None:
         c = self.concurrency
@@ -114,6 +123,7 @@ class WorkerConfig:
             "cron_poll_interval",
             "completion_flush_timeout",
             "vacuum_interval",
+            "database_timeout",
         ):
             object.__setattr__(self, name, _seconds(getattr(self, name), name))
         for name in ("finished_job_retention", "default_timeout"):
@@ -258,6 +268,9 @@ class Worker:
             )
         self.id = uuid.uuid4()
         self._pool = pool
+        self._timeout = self.config.seconds("database_timeout")
+        #: The runtime's own calls: each bounded by database_timeout.
+        self._db = bounded(pool, self._timeout)
         self._registry = registry
         self._events = events or WorkerEvents()
         served = self.config.job_names
@@ -274,7 +287,7 @@ class Worker:
         if self._crons:
             from pgfleet.cron import CronService
 
-            self._cron_service = CronService(pool, registry, self._crons, self.config)
+            self._cron_service = CronService(self._db, registry, self._crons, self.config)
         cfg = self.config
         self._concurrency = cfg.concurrency
         self._poll = cfg.seconds("poll_interval")
@@ -291,7 +304,7 @@ class Worker:
         self._started = asyncio.Event()
         identity = Identity.new(self.id, cfg.concurrency, self._names, self._queue_names)
         self._heartbeat = Heartbeat(
-            pool,
+            self._db,
             identity,
             interval=cfg.seconds("heartbeat_interval"),
             lease=cfg.seconds("dead_worker_timeout"),
@@ -300,7 +313,7 @@ class Worker:
             on_leader=self._on_leader,
         )
         self._maintenance = Maintenance(
-            pool,
+            self._db,
             interval=cfg.seconds("heartbeat_interval"),
             is_leader=lambda: self._heartbeat.is_leader,
             retention=cfg.optional_seconds("finished_job_retention"),
@@ -314,7 +327,13 @@ class Worker:
             wake=self._notify_fleet,
             clock=time.monotonic,
         )
-        self._listener = Listener(pool, self._wake) if cfg.listen else None
+        self._listener = Listener(pool, self._wake, timeout=self._timeout) if cfg.listen else None
+        #: Claim-loop health, for readiness: consecutive failed rounds, when the
+        #: current round began (None between rounds), when the failures began.
+        self._failures = 0
+        self._unreachable = 0
+        self._round_started: float | None = None
+        self._failing_since: float | None = None
 
     # ------------------------------------------------------------ public
 
@@ -410,7 +429,7 @@ class Worker:
         delay = 0.5
         while True:
             try:
-                async with self._pool.acquire() as conn:
+                async with self._db.acquire("schema check") as conn:
                     await check_schema(conn)
                 await self._heartbeat.run_once()
                 if self._cron_service is not None:
@@ -505,19 +524,27 @@ class Worker:
                         await result
                 except Exception:
                     log.exception("shutdown hook %r failed", hook)
+        # Together, each bounded: a database that does not answer delays the stop
+        # by seconds, not by a round trip per service.
+        stops = [self._maintenance.stop(), self._heartbeat.stop()]
         if self._cron_service is not None:
-            await self._cron_service.stop()
-        await self._maintenance.stop()
-        await self._heartbeat.stop()
+            stops.append(self._cron_service.stop())
         if self._listener is not None:
-            await self._listener.stop()
+            stops.append(self._listener.stop())
+        await asyncio.gather(*stops)
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._state is not None:
             try:
-                await self._heartbeat.deregister()
+                async with asyncio.timeout(min(self._timeout, DEREGISTER_TIMEOUT)):
+                    await self._heartbeat.deregister()
             except Exception as exc:
-                log.warning("could not deregister worker %s: %s", self.id, exc)
+                log.warning(
+                    "could not deregister worker %s (%s); the fleet recovers its jobs once "
+                    "its heartbeat expires",
+                    self.id,
+                    str(exc) or type(exc).__name__,
+                )
             log.info("worker %s stopped", self.id)
 
     def _on_leader(self, leader: bool) -> None:
@@ -526,7 +553,7 @@ class Worker:
 
     async def _notify_fleet(self) -> None:
         with contextlib.suppress(Exception):
-            await self._pool.execute(Q.notify_wakeup.sql)
+            await self._db.execute(Q.notify_wakeup.sql)
 
     # ------------------------------------------------------------ claim loop
 
@@ -547,10 +574,15 @@ class Worker:
         self._events.wakeup(self._wake_source)
 
     async def _claim_loop(self) -> None:
-        """One round trip per turn: write finished outcomes and claim free slots."""
-        conn: Any = None
-        failures = 0
+        """One round trip per turn: write finished outcomes and claim free slots.
+
+        Every round is bounded by ``database_timeout``: a connection that does not
+        answer is dropped and the round retried on a new one. A round that fails for
+        any other reason has its outcomes written one by one, so that one outcome the
+        database refuses can never hold back the others."""
+        held: Held | None = None
         idle = False
+        refused = 0
         try:
             while True:
                 if self._stopping and not self._running and not self._outcomes:
@@ -567,52 +599,189 @@ class Worker:
                         continue
                 self._wake_event.clear()
                 batch, self._outcomes = self._outcomes, []
+                self._round_started = time.monotonic()
                 try:
-                    if conn is None:
-                        conn = await self._pool.acquire()
-                        await conn.execute(Q.claim_session_begin.sql)
-                        if failures:
-                            await self._release_unknown(conn, batch)
-                    rows = await conn.fetch(
-                        Q.job_complete_and_claim.sql,
-                        [o.job.id for o in batch],
-                        [o.job.lock_token for o in batch],
-                        [o.kind for o in batch],
-                        [o.delay for o in batch],
-                        [o.error for o in batch],
-                        self.id,
-                        self._names,
-                        self._queue_names,
-                        free,
-                    )
-                except Exception as exc:
-                    for o in batch:
-                        o.resent = True
-                    self._outcomes[:0] = batch
-                    await self._drop(conn)
-                    conn = None
-                    failures += 1
-                    delay = min(30.0, 0.05 * 2**failures)
-                    log.warning("claim round failed (%s); retrying in %.2fs", exc, delay)
-                    await self._pause(delay)
+                    if held is not None and held.closed():
+                        held = None  # closed under us; asyncpg has its slot back
+                    reached = held is not None
+                    async with asyncio.timeout(self._timeout):
+                        if held is None:
+                            held = Held(await self._pool.acquire())
+                            await held.conn.execute(Q.claim_session_begin.sql)
+                            reached = True
+                            if self._failures:
+                                await self._release_unknown(held.conn, batch)
+                        rows = await held.conn.fetch(
+                            Q.job_complete_and_claim.sql,
+                            [o.job.id for o in batch],
+                            [o.job.lock_token for o in batch],
+                            [o.kind for o in batch],
+                            [o.delay for o in batch],
+                            [o.error for o in batch],
+                            self.id,
+                            self._names,
+                            self._queue_names,
+                            free,
+                        )
+                except TimeoutError:
+                    await self._round_failed(batch, held, None, reached=False)
+                    held = None
                     continue
-                failures = 0
+                except Exception as exc:
+                    if held is not None and not held.closed() and not is_connection_error(exc):
+                        # The database answered, and refused: not an outage.
+                        self._round_started = None
+                        refused += 1
+                        await self._isolate(held.conn, batch, exc, refused)
+                        await self._pause(min(30.0, 0.05 * 2 ** min(refused, 10)))
+                        continue
+                    await self._round_failed(batch, held, exc, reached=reached)
+                    held = None
+                    continue
+                self._round_started = None
+                refused = 0
+                if self._failures:
+                    assert self._failing_since is not None
+                    log.warning(
+                        "claim loop of worker %s reaches the database again after %.1fs "
+                        "(%d failed rounds)",
+                        self.id,
+                        time.monotonic() - self._failing_since,
+                        self._failures,
+                    )
+                    self._failures = 0
+                    self._unreachable = 0
+                    self._failing_since = None
                 claimed = self._settle(batch, rows)
                 idle = claimed < free
                 if self._burst and idle and not self._running and not self._outcomes:
                     self._stopping = True
                     return
         finally:
-            if conn is not None:
+            if held is not None and self._round_started is not None:
+                held.drop()  # cut mid-round (flush timeout, cancellation): state unknown
+            self._round_started = None
+            if held is not None and not held.closed():
                 try:
-                    await conn.execute(Q.claim_session_end.sql)
-                except Exception:
-                    # Released even so (a live connection kept out of the pool is
-                    # one pool.close() waits for), but closed: its session was not reset.
-                    await self._drop(conn)
+                    async with asyncio.timeout(min(self._timeout, 5.0)):
+                        await held.conn.execute(Q.claim_session_end.sql)
+                except BaseException:
+                    # Closed, not released: its session was not reset (and a live
+                    # connection kept out of the pool is one pool.close() waits for).
+                    held.drop()
                 else:
                     with contextlib.suppress(Exception):
-                        await self._pool.release(conn)
+                        await held.release(self._pool, min(self._timeout, 5.0))
+
+    async def _round_failed(
+        self, batch: list[_Outcome], held: Held | None, exc: BaseException | None, *, reached: bool
+    ) -> None:
+        """The round's connection failed or hung: put its outcomes back, drop the
+        connection and retry after a backoff. Says so once, not every round.
+
+        A connection that was working and then closed (``reached``: a server
+        restart, pg_terminate_backend, a pooler recycling it) is replaced at once; the
+        backoff grows only while the database cannot be reached at all."""
+        for o in batch:
+            o.resent = True
+        self._outcomes[:0] = batch
+        if held is not None:
+            held.drop()
+        if exc is None:
+            await self._db.hang_detected("claim round")
+            reason = f"no answer within {self._timeout:g}s; connection dropped"
+        else:
+            reason = str(exc) or type(exc).__name__
+        self._failures += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        if reached:
+            self._unreachable = 0
+            delay = 0.05
+        else:
+            self._unreachable += 1
+            delay = min(30.0, 0.05 * 2 ** min(self._unreachable, 10))
+        if self._failures == 1:
+            log.warning(
+                "claim round of worker %s failed (%s); retrying with backoff, the worker "
+                "is unready until the database answers",
+                self.id,
+                reason,
+            )
+        else:
+            log.debug("claim round failed again (%s); retrying in %.2fs", reason, delay)
+        self._round_started = None
+        await self._pause(delay)
+
+    async def _isolate(
+        self, conn: Any, batch: list[_Outcome], exc: BaseException, refused: int
+    ) -> None:
+        """Write a refused round's outcomes one at a time, claiming nothing. An
+        outcome the database refuses is replaced by a permanent failure that says
+        why, so its job ends instead of blocking every later round."""
+        if batch or refused == 1 or refused % 100 == 0:
+            log.error(
+                "claim round of worker %s was refused by the database (%s: %s)%s",
+                self.id,
+                type(exc).__name__,
+                exc,
+                f"; writing its {len(batch)} outcomes one by one" if batch else "",
+            )
+        for index, o in enumerate(batch):
+            try:
+                rows = await self._write_one(conn, o)
+            except Exception as exc:
+                if is_connection_error(exc) or isinstance(exc, TimeoutError):
+                    for rest in batch[index:]:
+                        rest.resent = True
+                    self._outcomes[:0] = batch[index:]
+                    return
+                error = storable_text(
+                    f"pgfleet could not record this attempt's {o.label} outcome: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                log.error("job %s (%s): %s", o.job.id, o.job.name, error)
+                o.kind, o.label, o.delay, o.error = "failed", "failed", 0.0, error
+                try:
+                    rows = await self._write_one(conn, o)
+                except Exception as again:
+                    log.error(
+                        "job %s (%s): its outcome cannot be written (%s); it stays running "
+                        "until this worker stops and the fleet recovers it",
+                        o.job.id,
+                        o.job.name,
+                        again,
+                    )
+                    continue
+            self._settle([o], rows)
+
+    async def _write_one(self, conn: Any, o: _Outcome) -> list[Any]:
+        async with asyncio.timeout(self._timeout):
+            return list(
+                await conn.fetch(
+                    Q.job_complete_and_claim.sql,
+                    [o.job.id],
+                    [o.job.lock_token],
+                    [o.kind],
+                    [o.delay],
+                    [o.error],
+                    self.id,
+                    self._names,
+                    self._queue_names,
+                    0,
+                )
+            )
+
+    def health(self) -> str | None:
+        """None while the claim loop reaches the database, else why it does not."""
+        if self._failures:
+            return f"claim loop cannot reach the database ({self._failures} failed rounds)"
+        started = self._round_started
+        if started is not None:
+            waited = time.monotonic() - started
+            if waited > max(self._timeout / 3, 1.0):
+                return f"claim round waiting for the database for {waited:.0f}s"
+        return None
 
     async def _release_unknown(self, conn: Any, batch: list[_Outcome]) -> None:
         known = list(self._running) + [o.job.id for o in batch] + [o.job.id for o in self._outcomes]
@@ -622,13 +791,6 @@ class Worker:
                 "released %d jobs claimed by a round whose answer was lost with the connection",
                 released,
             )
-
-    async def _drop(self, conn: Any) -> None:
-        if conn is not None:
-            with contextlib.suppress(Exception):
-                if not conn.is_closed():
-                    conn.terminate()
-                await self._pool.release(conn)
 
     async def _pause(self, delay: float) -> None:
         await asyncio.sleep(delay)
@@ -740,7 +902,7 @@ class Worker:
                         finally:
                             timed_out = scope.expired()
                 else:
-                    await self._run_in_thread(handler, job, payload, timeout)
+                    timed_out = await self._run_in_thread(handler, job, payload, timeout)
         except asyncio.CancelledError:
             if timed_out:
                 error = TimeoutError()
@@ -755,10 +917,10 @@ class Worker:
         if error is None:
             log.info("job succeeded: %s %s in %.1f ms", job.name, job.id, duration * 1000)
             return _Outcome(job, "succeeded", "succeeded", duration)
-        if timed_out or (isinstance(error, TimeoutError) and not str(error)):
+        if timed_out:
             message = f"TimeoutError: handler ran longer than its timeout of {timeout}s"
         else:
-            message = f"{type(error).__name__}: {error}"[:_MAX_ERROR_LENGTH]
+            message = describe_error(error, _MAX_ERROR_LENGTH)
         if handler.infallible:
             log.warning(
                 "infallible job %s %s raised (recorded as succeeded): %s",
@@ -800,7 +962,9 @@ class Worker:
 
     async def _run_in_thread(
         self, handler: Handler, job: Job, payload: Any, timeout: float | None
-    ) -> None:
+    ) -> bool:
+        """Run a sync handler in the worker's threads; True when its timeout cut it
+        (a TimeoutError the handler raised itself is its own error, re-raised)."""
         if self._threads is None:
             self._threads = concurrent.futures.ThreadPoolExecutor(
                 max_workers=self._concurrency, thread_name_prefix="pgfleet-job"
@@ -809,4 +973,11 @@ class Worker:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._threads, ctx.run, handler.call, job, payload)
         # The thread cannot be stopped: on timeout or shutdown its result is ignored.
-        await asyncio.wait_for(future, timeout)
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+        except TimeoutError:
+            if future.done() and not future.cancelled():
+                raise  # the handler's own
+            return True
+        return False

@@ -28,7 +28,7 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[
     factories: dict[str, Callable[[], Any]] = {"asyncio": asyncio.new_event_loop}
     # Tests that drive real processes (acceptance/, fleet/) run on the default loop only.
     only_default = (
-        Path(str(getattr(item, "path", ""))).parent.name in ("acceptance", "fleet")
+        Path(str(getattr(item, "path", ""))).parent.name in ("acceptance", "fleet", "kubernetes")
         or os.environ.get("PGFLEET_TEST_LOOPS") == "asyncio"
     )
     if uvloop is not None and not only_default:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pgfleet.db import CHANNEL, Q
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, Held
 
 log = logging.getLogger("pgfleet")
 
@@ -24,9 +25,12 @@ KEEPALIVE_TIMEOUT = 10.0
 
 
 class Listener:
-    def __init__(self, pool: Any, wake: Callable[[str], None]) -> None:
+    def __init__(
+        self, pool: Any, wake: Callable[[str], None], *, timeout: float = DEFAULT_DATABASE_TIMEOUT
+    ) -> None:
         self._pool = pool
         self._wake = wake
+        self._timeout = timeout
         self.connected = asyncio.Event()
         self.connections = 0
         #: Called with the connection count after every successful (re)connection.
@@ -38,10 +42,17 @@ class Listener:
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="pgfleet-listener")
 
-    async def stop(self) -> None:
+    async def stop(self, wait: float = 3.0) -> None:
+        """Stop listening; a connection that does not let go within ``wait``
+        seconds (a ping or reconnect in progress) is cut."""
         self._stopping.set()
-        if self._task is not None:
-            await self._task
+        task = self._task
+        if task is None:
+            return
+        done, _ = await asyncio.wait({task}, timeout=wait)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task})
 
     def _on_notification(self, *_args: Any) -> None:
         self._wake("notify")
@@ -57,7 +68,7 @@ class Listener:
                     return
                 log.warning(
                     "notification listener lost (%s); reconnecting in %.2fs, polling meanwhile",
-                    exc,
+                    str(exc) or f"{type(exc).__name__}: no answer within {self._timeout:g}s",
                     delay,
                 )
             self.connected.clear()
@@ -69,13 +80,16 @@ class Listener:
             delay = min(delay * 2, RECONNECT_CAP)
 
     async def _listen_once(self) -> None:
-        conn = await self._pool.acquire()
+        async with asyncio.timeout(self._timeout):
+            held = Held(await self._pool.acquire())
+        conn = held.conn
         lost = asyncio.Event()
         broken = False
         try:
             conn.add_termination_listener(lambda _c: lost.set())
             self.backend_pid = conn.get_server_pid()
-            await conn.add_listener(CHANNEL, self._on_notification)
+            async with asyncio.timeout(self._timeout):
+                await conn.add_listener(CHANNEL, self._on_notification)
             self.connections += 1
             self.connected.set()
             for callback in self.on_connect:
@@ -83,17 +97,18 @@ class Listener:
             if self.connections > 1:
                 log.info("notification listener reconnected")
                 self._wake("reconnect")
-            broken = not await self._hold(conn, lost)
+            broken = not await self._hold(held, lost)
             if broken:
                 raise ConnectionError("listener connection closed")
         except BaseException:
             broken = True
             raise
         finally:
-            await self._release(conn, broken or lost.is_set())
+            await self._release(held, broken or lost.is_set())
 
-    async def _hold(self, conn: Any, lost: asyncio.Event) -> bool:
+    async def _hold(self, held: Held, lost: asyncio.Event) -> bool:
         """Keep the connection until stop (True) or until it is lost (False)."""
+        conn = held.conn
         while not self._stopping.is_set():
             waiters = [
                 asyncio.ensure_future(lost.wait()),
@@ -104,19 +119,32 @@ class Listener:
             )
             for w in pending:
                 w.cancel()
-            if lost.is_set() or conn.is_closed():
+            if lost.is_set() or held.closed():
                 return False
             if not done:
                 # A silent network drop closes nothing: ask the server.
-                await asyncio.wait_for(conn.fetchval(Q.ping.sql), KEEPALIVE_TIMEOUT)
+                try:
+                    await asyncio.wait_for(
+                        conn.fetchval(Q.ping.sql), min(KEEPALIVE_TIMEOUT, self._timeout)
+                    )
+                except TimeoutError:
+                    raise ConnectionError(
+                        "listener connection did not answer a ping within "
+                        f"{min(KEEPALIVE_TIMEOUT, self._timeout):g}s"
+                    ) from None
         return True
 
-    async def _release(self, conn: Any, broken: bool) -> None:
-        if broken or conn.is_closed():
-            conn.terminate()
-            with contextlib.suppress(Exception):
-                await self._pool.release(conn)
+    async def _release(self, held: Held, broken: bool) -> None:
+        """Hand the connection back, or drop it. A connection that closed under us
+        was already returned to the pool by asyncpg: its proxy is not touched."""
+        if broken or held.closed():
+            held.drop()
+            return
+        try:
+            async with asyncio.timeout(min(self._timeout, 5.0)):
+                await held.conn.remove_listener(CHANNEL, self._on_notification)
+        except BaseException:
+            held.drop()
             return
         with contextlib.suppress(Exception):
-            await conn.remove_listener(CHANNEL, self._on_notification)
-        await self._pool.release(conn)
+            await held.release(self._pool, min(self._timeout, 5.0))

@@ -27,6 +27,9 @@ from pgfleet.events import WorkerEvents
 
 log = logging.getLogger("pgfleet")
 
+#: How long ``Periodic.stop`` lets a round in progress finish before cutting it.
+STOP_WAIT = 3.0
+
 
 class Periodic:
     """Runs ``run_once`` every ``interval`` seconds (with a little jitter) until
@@ -56,18 +59,39 @@ class Periodic:
         """Run a round now instead of waiting for the interval."""
         self._kick.set()
 
-    async def stop(self) -> None:
+    async def stop(self, wait: float = STOP_WAIT) -> None:
+        """Stop after the round in progress, or cut that round when it has not
+        finished within ``wait`` seconds (a database that does not answer must not
+        hold up a shutdown)."""
         self._stop.set()
         self._kick.set()
-        if self._task is not None:
-            await self._task
+        task = self._task
+        if task is None:
+            return
+        done, _ = await asyncio.wait({task}, timeout=wait)
+        if not done:
+            log.warning("%s round still running at shutdown: cut short", self.name)
+            task.cancel()
+            await asyncio.wait({task})
 
     async def _loop(self) -> None:
+        failing = False
         while not self._stop.is_set():
             try:
                 await self.run_once()
             except Exception as exc:
-                log.warning("%s round failed: %s", self.name, exc)
+                # Said once per outage, not once per round.
+                log.log(
+                    logging.DEBUG if failing else logging.WARNING,
+                    "%s round failed: %s",
+                    self.name,
+                    str(exc) or type(exc).__name__,
+                )
+                failing = True
+            else:
+                if failing:
+                    log.info("%s rounds succeed again", self.name)
+                failing = False
             self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.next_wait())

@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -73,10 +73,15 @@ class ApiConfig:
     auth_token: str | None = None
     #: Strict mode: the job names that have handlers.
     known_names: frozenset[str] | None = None
+    #: Per job name, the decoder of its handler's payload type (from ``--app``):
+    #: payloads that cannot decode are refused with 422, nothing written.
+    payload_decoders: Mapping[str, Callable[[Any], Any]] | None = None
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.max_batch, self.max_payload_bytes, self.known_names)
+        return Limits(
+            self.max_batch, self.max_payload_bytes, self.known_names, self.payload_decoders
+        )
 
 
 class ApiMetrics:

@@ -17,6 +17,7 @@ import contextlib
 import logging
 from typing import Any
 
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, BoundedPool
 from pgfleet.errors import PgfleetError
 from pgfleet.service.worker_cmd import add_common, configure_logging, env_default, install_uvloop
 
@@ -114,11 +115,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(workers poll) [PGFLEET_API_NOTIFY] (default coalesced)",
     )
     parser.add_argument(
+        "--database-timeout",
+        type=float,
+        default=env_default("DATABASE_TIMEOUT", DEFAULT_DATABASE_TIMEOUT),
+        help="longest wait for a database call before its connection is dropped and the "
+        "request answered 503, seconds [PGFLEET_DATABASE_TIMEOUT] (default 15)",
+    )
+    parser.add_argument(
+        "--no-payload-check",
+        action="store_true",
+        default=env_default("API_NO_PAYLOAD_CHECK", "") not in ("", "0", "false"),
+        help="with --app, accept payloads that do not decode into their handler's "
+        "declared type (by default they are refused with 422) [PGFLEET_API_NO_PAYLOAD_CHECK]",
+    )
+    parser.add_argument(
         "--strict",
         action="store_true",
         default=env_default("API_STRICT", "") not in ("", "0", "false"),
         help="refuse job names the --app registry has no handler for [PGFLEET_API_STRICT]",
     )
+    from pgfleet.service import console_flags
+
+    console_flags.add_arguments(parser)
 
 
 def _check(args: argparse.Namespace) -> None:
@@ -146,6 +164,13 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 <= timeout <= 3600:
         raise fail(f"--shutdown-timeout must be from 0 to 3600 seconds, got {timeout}")
     args.shutdown_timeout = timeout
+    try:
+        bound = float(args.database_timeout)
+    except (TypeError, ValueError):
+        raise fail(f"--database-timeout must be a number, got {args.database_timeout!r}") from None
+    if not 0 < bound <= 3600:
+        raise fail(f"--database-timeout must be over 0 and at most 3600 seconds, got {bound}")
+    args.database_timeout = bound
     if args.auth_token is not None and not args.auth_token.strip():
         raise fail("--auth-token is empty: give a token or leave it unset")
     if args.metrics_port and args.metrics_port == args.port and args.metrics_host == args.host:
@@ -163,10 +188,15 @@ def build_config(args: argparse.Namespace) -> Any:
     from pgfleet.service.api import ApiConfig
 
     known = None
-    if args.strict:
+    decoders = None
+    if args.app:
         from pgfleet.service.apps import load_registry
 
-        known = frozenset(load_registry(args.app).names())
+        app = load_registry(args.app)
+        if args.strict:
+            known = frozenset(app.names())
+        if not args.no_payload_check:
+            decoders = {h.name: h.decode for h in app if h.takes_payload}
     return ApiConfig(
         max_body_bytes=args.max_body_bytes,
         max_batch=args.max_batch,
@@ -176,6 +206,7 @@ def build_config(args: argparse.Namespace) -> Any:
         retry_after=args.retry_after,
         auth_token=args.auth_token.strip() if args.auth_token else None,
         known_names=known,
+        payload_decoders=decoders,
     )
 
 
@@ -184,7 +215,7 @@ def make_queue(pool: Any, args: argparse.Namespace, config: Any) -> Any:
     from pgfleet.queue import NotifyMode, Queue
 
     return Queue(
-        pool,
+        BoundedPool(pool, args.database_timeout),
         notify=NotifyMode(args.notify),
         max_payload_bytes=config.max_payload_bytes,
         known_names=config.known_names,
@@ -217,14 +248,18 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
         from pgfleet.service.apps import load_registry
 
         kinds = load_registry(args.app).names()
-    stats = QueueStats(pool, kinds or ())
+    stats = QueueStats(BoundedPool(pool, args.database_timeout), kinds or ())
     registry.register(stats)
     api = JobsApi(queue, config, ApiMetrics(registry))
     servers: list[Server] = []
+    app = api.application()
+    from pgfleet.service import console_flags
+
+    console = console_flags.build(args, config.auth_token, stats.holder)
+    if console is not None:
+        await console.attach(app, args.dsn, args.database_timeout)
     try:
-        public = Server(
-            api.application(), args.host, args.port, "jobs API", shutdown_timeout=STOP_GRACE
-        )
+        public = Server(app, args.host, args.port, "jobs API", shutdown_timeout=STOP_GRACE)
         await public.start()
         servers.append(public)
         if args.metrics_port:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from pgfleet.errors import PayloadTooLarge, ValidationError
+from pgfleet.errors import PayloadDecodeError, PayloadTooLarge, ValidationError
 from pgfleet.jobs import DEFAULT_OPTIONS, EnqueueOptions, EnqueueRequest, JobStatus, validate_name
 from pgfleet.payloads import encode_payload
 
@@ -77,6 +77,9 @@ class Limits:
     max_payload_bytes: int = 1024 * 1024
     #: Strict mode: the job names that have handlers (None: any valid name).
     known_names: frozenset[str] | None = None
+    #: Per job name, the handler's payload decoder: a payload it cannot decode is
+    #: refused at the door instead of failing at the worker (None: no check).
+    decoders: Mapping[str, Callable[[Any], Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +202,15 @@ def parse_job(obj: Any, path: str, limits: Limits) -> EnqueueRequest:
         raise RequestError(413, f"{path}payload: {exc}", {"field": f"{path}payload"}) from None
     except ValidationError as exc:
         raise _invalid(f"{path}payload", str(exc)) from None
+    decode = limits.decoders.get(name) if limits.decoders else None
+    if decode is not None:
+        try:
+            decode(payload)
+        except PayloadDecodeError as exc:
+            raise _invalid(
+                f"{path}payload",
+                f"does not decode for the handler of {name!r}: {exc}",
+            ) from None
     options = parse_options(obj.get("options"), f"{path}options")
     return EnqueueRequest(name, payload, options)
 

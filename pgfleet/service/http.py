@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
@@ -11,6 +10,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
+from pgfleet.db.bounded import BoundedPool, DatabaseTimeout
 from pgfleet.db.migrate import check_schema
 from pgfleet.service.metrics import CONTENT_TYPE, QueueStats, render
 
@@ -24,16 +24,32 @@ class PortInUse(Exception):
 
 
 async def database_ready(pool: Any) -> str | None:
-    """None when the database answers and the schema is current, else why not."""
+    """None when the database answers and the schema is current, else why not.
+
+    The probe's connection is dropped, not handed back, when it does not answer:
+    a probe every few seconds must not fill the pool with hung connections."""
+    probe = BoundedPool(pool, READY_TIMEOUT)
     try:
-        async with asyncio.timeout(READY_TIMEOUT):
-            async with pool.acquire() as conn:
-                await check_schema(conn)
-    except TimeoutError:
+        async with probe.acquire("readiness probe") as conn:
+            await check_schema(conn)
+    except DatabaseTimeout:
         return f"database did not answer within {READY_TIMEOUT:.0f}s"
     except Exception as exc:
         return str(exc) or type(exc).__name__
     return None
+
+
+def readiness(pool: Any, *checks: Callable[[], str | None]) -> Callable[[], Awaitable[str | None]]:
+    """A readiness probe: each of ``checks`` (cheap, in-process) and then the database."""
+
+    async def ready() -> str | None:
+        for check in checks:
+            problem = check()
+            if problem is not None:
+                return problem
+        return await database_ready(pool)
+
+    return ready
 
 
 def metrics_routes(
@@ -118,9 +134,10 @@ def metrics_server(
     registry: CollectorRegistry,
     stats: QueueStats | None,
     pool: Any,
+    health: Callable[[], str | None] | None = None,
 ) -> Server:
     app = web.Application()
-    metrics_routes(app, registry, stats, lambda: database_ready(pool))
+    metrics_routes(app, registry, stats, readiness(pool, *([health] if health else [])))
     server = Server(app, host, port, "metrics and health")
     if stats is not None:
         server.on_stop.append(stats.release)

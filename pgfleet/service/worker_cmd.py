@@ -17,6 +17,7 @@ import threading
 import time
 from typing import Any
 
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, BoundedPool, close_pool
 from pgfleet.errors import InvalidOptions, PgfleetError
 
 log = logging.getLogger("pgfleet")
@@ -93,6 +94,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         ("--backoff-cap", "BACKOFF_CAP", 3600.0, "longest retry delay, seconds"),
         ("--cron-poll-interval", "CRON_POLL_INTERVAL", 5.0, "cron check interval, seconds"),
         ("--prune-interval", "PRUNE_INTERVAL", 60.0, "how often the leader prunes, seconds"),
+        (
+            "--database-timeout",
+            "DATABASE_TIMEOUT",
+            DEFAULT_DATABASE_TIMEOUT,
+            "longest wait for any database call of the runtime before its connection is "
+            "dropped and replaced, seconds",
+        ),
+        (
+            "--completion-flush-timeout",
+            "COMPLETION_FLUSH_TIMEOUT",
+            10.0,
+            "at shutdown, how long to keep trying to write outcomes, seconds",
+        ),
     ):
         parser.add_argument(
             flag, type=float, default=env_default(env, default), help=f"{text} [PGFLEET_{env}]"
@@ -177,6 +191,8 @@ def build_config(args: argparse.Namespace) -> Any:
         backoff_cap=number("backoff_cap"),
         cron_poll_interval=number("cron_poll_interval"),
         prune_interval=number("prune_interval"),
+        database_timeout=number("database_timeout"),
+        completion_flush_timeout=number("completion_flush_timeout"),
         listen=not args.no_listen,
         vacuum=args.vacuum,
     )
@@ -265,7 +281,12 @@ async def serve(args: argparse.Namespace) -> int:
     stopper = Stopper()
     stopper.install()
     # min_size=0: a database that is down at start is retried by the worker, not fatal.
-    pool = await pgfleet.create_pool(args.dsn, min_size=0, max_size=max(pool_size, 3))
+    pool = await pgfleet.create_pool(
+        args.dsn,
+        min_size=0,
+        max_size=max(pool_size, 3),
+        release_timeout=config.seconds("database_timeout"),
+    )
     server = None
     try:
         worker = Worker(pool, registry, config, crons=crons)
@@ -280,7 +301,7 @@ async def serve(args: argparse.Namespace) -> int:
     finally:
         if server is not None:
             await server.stop()
-        await pool.close()
+        await close_pool(pool)
     return 0
 
 
@@ -295,10 +316,13 @@ def _metrics(args: argparse.Namespace, worker: Any, pool: Any, registry: Any, co
     events = WorkerMetrics(metrics, lambda: worker.active_jobs, config.concurrency)
     events.prime(worker.served_names)
     worker.add_events(events)
-    stats = QueueStats(pool, registry.names())
+    stats = QueueStats(BoundedPool(pool, config.seconds("database_timeout")), registry.names())
+    stats.holder = worker.id  # so the console can name the worker holding the lease
     prom.register(stats)
     worker.on_enqueued = metrics.count_enqueued
-    return metrics_server(args.metrics_host, int(args.metrics_port), prom, stats, pool)
+    return metrics_server(
+        args.metrics_host, int(args.metrics_port), prom, stats, pool, health=worker.health
+    )
 
 
 def main(args: argparse.Namespace) -> int:

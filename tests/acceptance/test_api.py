@@ -524,6 +524,25 @@ async def test_strict_mode_refuses_names_without_a_handler(
     assert await api.stop() == 0
 
 
+async def test_payloads_that_cannot_decode_are_refused_at_the_door(
+    fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    api = await fleet.api("--app", APP)
+    bad = {"jobs": [{"name": "serial", "payload": {"n": 1}}, {"name": "serial", "payload": []}]}
+    refused = await post_job(http, api.url, bad)
+    assert refused.status == 422
+    assert refused.body["error"].startswith(
+        "jobs[1].payload: does not decode for the handler of 'serial'"
+    )
+    assert refused.body["detail"] == {"field": "jobs[1].payload"}
+    assert await jobs_table(pool) == []
+    assert (await post_job(http, api.url, {"name": "serial", "payload": {"n": 1}})).status == 202
+    assert await api.stop() == 0
+    unchecked = await fleet.api("--app", APP, "--no-payload-check")
+    assert (await post_job(http, unchecked.url, {"name": "serial", "payload": []})).status == 202
+    assert await unchecked.stop() == 0
+
+
 # ---------------------------------------------------------------- batches, keys, listing
 
 

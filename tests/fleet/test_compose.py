@@ -48,6 +48,8 @@ OPTIONAL = (
     "LOCUST_UID",
     "LOCUST_GID",
     *IMAGE_VARIABLES,
+    "PGFLEET_API_UI",
+    "PGFLEET_UI_HIDE_PAYLOADS",
 )
 
 
@@ -235,6 +237,13 @@ def test_pgfleet_healthchecks_hit_healthz_on_the_metrics_ports(services: dict[st
     assert services["worker"]["healthcheck"]["test"][-2:] == ["/app/worker/healthcheck.py", "9464"]
     assert services["api"]["healthcheck"]["test"][-2:] == ["/app/worker/healthcheck.py", "9465"]
     assert services["api"]["environment"]["PGFLEET_API_METRICS_PORT"] == "9465"
+
+
+def test_the_api_serves_the_console_by_default(services: dict[str, Any]) -> None:
+    env = services["api"]["environment"]
+    # On unless .env says otherwise; it signs in with PGFLEET_API_TOKEN, required above.
+    assert env["PGFLEET_API_UI"] == "${PGFLEET_API_UI:-1}"
+    assert env["PGFLEET_UI_HIDE_PAYLOADS"] == "${PGFLEET_UI_HIDE_PAYLOADS:-0}"
 
 
 def test_start_order(services: dict[str, Any]) -> None:

@@ -336,6 +336,7 @@ async def test_cli_drains_on_sigint_and_leaves_no_process_behind(
         )
         tree = descendants(cli.pid)
         assert len(roles(tree).get("worker", [])) == 3
+        await console_answers(cli, tmp_path / "fleet" / "api-token")
 
         cli.signal(signal.SIGINT)
         code = await asyncio.wait_for(cli.process.wait(), DEADLINE)
@@ -386,6 +387,25 @@ async def test_cli_reports_dead_children_and_stops_on_sigterm(
     assert code == 1, "problems were reported: the exit code says so"
     assert "2 problem(s) reported above" in output, output[-3000:]
     await assert_all_gone(tree, output)
+
+
+async def console_answers(cli: Proc, token_file: Path) -> None:
+    """The console is on by default: sign in with the token the runner made (or the
+    one from the environment) and read the overview."""
+    import aiohttp
+
+    found = re.search(r"console     (http://127\.0\.0\.1:\d+)/ui/", cli.output())
+    assert found, cli.output()[-3000:]
+    base = found.group(1)
+    token = os.environ.get("PGFLEET_API_TOKEN") or token_file.read_text().strip()
+    async with aiohttp.ClientSession(cookie_jar=aiohttp.CookieJar(unsafe=True)) as http:
+        async with http.get(f"{base}/ui/login") as resp:
+            csrf = re.search(r'name="login_csrf" value="([^"]+)"', await resp.text())
+        assert csrf is not None
+        form = {"token": token, "login_csrf": csrf.group(1), "next": "/ui/"}
+        async with http.post(f"{base}/ui/login", data=form) as resp:
+            assert resp.status == 200 and resp.url.path == "/ui/"
+            assert "Workers alive" in await resp.text()
 
 
 async def _says(cli: Proc, pattern: str) -> bool:

@@ -134,3 +134,31 @@ def test_summary_reads_finished_attempts_and_queue_gauges() -> None:
         "pgfleet_jobs_queued": {"noop": 4.0},
         "pgfleet_oldest_queued_job_age_seconds": {"noop": 1.5},
     }
+
+
+def test_the_console_token_is_made_once_readable_by_its_owner_only(tmp_path: Path) -> None:
+    from tools.fleet.config import console_token
+
+    state = tmp_path / "fleet"
+    token = console_token(state)
+    assert len(token) >= 32
+    assert (state / "api-token").stat().st_mode & 0o777 == 0o600
+    assert console_token(state) == token  # kept across runs: logins survive restarts
+
+
+def test_the_banner_says_where_the_console_is_and_how_to_sign_in(tmp_path: Path) -> None:
+    import io
+
+    from tools.fleet import NativeFleet
+    from tools.fleet.__main__ import build_parser, config_from
+
+    base = FleetConfig(database_url="postgresql://u@127.0.0.1/db", state_dir=tmp_path, rate=0)
+    fleet = NativeFleet(dataclasses.replace(base, api_token="t0k"), out=io.StringIO())
+    fleet.token_file = True
+    banner = fleet.banner()
+    assert "console     http://127.0.0.1:8000/ui/" in banner and "api-token" in banner
+    assert "Authorization: Bearer $(cat " in banner and "t0k" not in banner
+    off = NativeFleet(dataclasses.replace(base, ui=False), out=io.StringIO()).banner()
+    assert "console" not in off
+    assert config_from(build_parser().parse_args(["--no-ui"])).ui is False
+    assert config_from(build_parser().parse_args([])).ui is True

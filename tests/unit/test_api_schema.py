@@ -156,6 +156,18 @@ def test_strict_mode_refuses_names_without_handlers() -> None:
     assert "unknown job name 'send_mail'" in exc.message
 
 
+def test_payloads_are_checked_against_the_handler_type() -> None:
+    from pgfleet.payloads import decoder_for
+
+    checked = Limits(decoders={"serial": decoder_for(dict[str, int])})
+    assert parse_enqueue({"name": "serial", "payload": {"n": 1}}, checked).requests
+    assert parse_enqueue({"name": "other", "payload": [1]}, checked).requests
+    exc = refusal({"name": "serial", "payload": {"n": "one"}}, checked)
+    assert exc.status == 422
+    assert exc.detail == {"field": "payload"}
+    assert exc.message.startswith("payload: does not decode for the handler of 'serial'")
+
+
 @pytest.mark.parametrize(
     ("raw", "problem"),
     [

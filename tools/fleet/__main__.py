@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import os
 import shlex
 import signal
 import sys
 from pathlib import Path
 
-from tools.fleet.config import ROOT, RULES, FleetConfig, Ports
+from tools.fleet.config import ROOT, RULES, FleetConfig, Ports, console_token
 from tools.fleet.native import FleetError, NativeFleet
 
 #: Signals this soon after the first are the same request (`timeout`, or a whole
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="extra flags for `pgfleet worker`, e.g. '--concurrency 8' [PGFLEET_FLEET_WORKER_ARGS]",
     )
     parser.add_argument(
+        "--no-ui",
+        dest="ui",
+        action="store_false",
+        default=_env("PGFLEET_API_UI", "1").strip().lower() not in ("0", "false", "no", "off"),
+        help="do not serve the operator console at the API's /ui [PGFLEET_API_UI=0] "
+        "(default: served; without PGFLEET_API_TOKEN a token is made and kept in "
+        "STATE_DIR/api-token)",
+    )
+    parser.add_argument(
         "--state-dir",
         type=Path,
         default=_env("PGFLEET_FLEET_DIR", defaults.state_dir),
@@ -114,12 +124,19 @@ def config_from(args: argparse.Namespace) -> FleetConfig:
         alert_rules=Path(args.alert_rules).resolve(),
         rate=float(args.rate),
         api_token=os.environ.get("PGFLEET_API_TOKEN") or None,
+        ui=bool(args.ui),
         worker_args=tuple(shlex.split(args.worker_args)),
     )
 
 
 async def run(config: FleetConfig) -> int:
+    made_token = config.ui and config.api_token is None
+    if made_token:
+        # The console signs in with the API's token: make one (the API then needs it
+        # too; the producer sends it).
+        config = dataclasses.replace(config, api_token=console_token(config.state_dir))
     fleet = NativeFleet(config)
+    fleet.token_file = made_token
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     first_at = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +63,8 @@ class FleetConfig:
     rate: float = 20.0
     #: Bearer token of the API (also what the producer sends); None: no auth.
     api_token: str | None = None
+    #: Serve the operator console at /ui of the API (it signs in with api_token).
+    ui: bool = True
     #: Extra flags for ``pgfleet worker`` (e.g. ``("--concurrency", "8")``).
     worker_args: tuple[str, ...] = ()
     #: Seconds each process may take to start (and answer its health check).
@@ -154,3 +157,22 @@ def write_prometheus_config(config: FleetConfig) -> Path:
         + "\n"
     )
     return path
+
+
+def console_token(state_dir: Path) -> str:
+    """The fleet's API token when none is given: made once, kept in
+    ``state_dir/api-token`` (readable by this user only) so console logins survive
+    restarts of the fleet."""
+    import secrets
+
+    path = state_dir / "api-token"
+    if path.exists():
+        token = path.read_text(encoding="utf-8").strip()
+        if token:
+            return token
+    state_dir.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(24)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as out:
+        out.write(token + "\n")
+    return token

@@ -106,6 +106,8 @@ class NativeFleet:
         self._workers_lock = asyncio.Lock()
         self._started = False
         self._stopped = False
+        #: True when the token came from state_dir/api-token (the runner made it).
+        self.token_file = False
 
     # --- where things are ------------------------------------------------------------
 
@@ -255,6 +257,8 @@ class NativeFleet:
             "--metrics-port", str(self.config.ports.api_metrics),
             "--app", APP,
         )  # fmt: skip
+        if not self.config.ui:
+            argv.append("--no-ui")
         env = self._env(PGFLEET_API_TOKEN=self.config.api_token)
         self.api = Child("api", argv, self.config.logs / "api.log", env)
         await self.api.start(self._exited)
@@ -381,9 +385,15 @@ class NativeFleet:
             f"  database    {db}",
             f"  workers     {self.config.processes} processes of worker.app (metrics on "
             f"127.0.0.1:{workers}: /metrics /healthz /readyz)",
-            f"  jobs API    {self.api_url}/jobs   (e.g. curl -s '{self.api_url}/jobs?limit=5')",
+            f"  jobs API    {self.api_url}/jobs   (e.g. curl -s{self._auth_header()} "
+            f"'{self.api_url}/jobs?limit=5')",
             f"  API metrics {self.api_metrics_url}",
         ]
+        if self.config.ui and self.config.api_token:
+            where = f": {self._show(self.config.state_dir)}/api-token" if self.token_file else ""
+            lines.append(f"  console     {self.api_url}/ui/   (log in with the API token{where})")
+        elif self.config.ui:
+            lines.append("  console     off: it signs in with the API token (PGFLEET_API_TOKEN)")
         if self.prometheus_url:
             lines.append(
                 f"  prometheus  {self.prometheus_url}  (alerts: {self.prometheus_url}/alerts; "
@@ -409,6 +419,15 @@ class NativeFleet:
             "summary every second: finished attempts since start, backlog from the queue gauges"
         )
         return "\n".join(lines)
+
+    def _auth_header(self) -> str:
+        if not self.config.api_token:
+            return ""
+        if self.token_file:
+            token = f"$(cat {self._show(self.config.state_dir)}/api-token)"
+        else:
+            token = "$PGFLEET_API_TOKEN"
+        return f' -H "Authorization: Bearer {token}"'
 
     # --- stop ----------------------------------------------------------------------
 

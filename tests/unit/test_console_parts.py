@@ -1,0 +1,132 @@
+"""The console's pure parts: escaping, sessions and CSRF tokens, schedules read back
+from their stored definitions, which filters read a bounded window."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from pgfleet import CronJob, DailySchedule, JobStatus, MonthlySchedule
+from pgfleet.cron import next_occurrence
+from pgfleet.service.console.app import _safe_next
+from pgfleet.service.console.auth import Sessions
+from pgfleet.service.console.crontext import next_occurrences, parse_definition
+from pgfleet.service.console.data import JobFilter, id_floor
+from pgfleet.service.console.html import Markup, el, escape, join
+
+
+def test_text_and_attributes_are_escaped_and_markup_is_kept() -> None:
+    hostile = "<script>alert('x')</script>&\""
+    out = el("a", {"href": hostile, "title": None, "hidden": True}, hostile, el("b", None, "ok"))
+    assert out == (
+        '<a href="&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&amp;&quot;" hidden>'
+        "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&amp;&quot;<b>ok</b></a>"
+    )
+    assert escape(Markup("<i>kept</i>")) == "<i>kept</i>"
+    assert join("<", [1, None, ["a", Markup("<br>")]]) == "&lt;1a<br>"
+    assert el("input", {"value": "x"}) == '<input value="x">'
+
+
+def test_a_session_is_accepted_until_it_expires_and_never_when_tampered() -> None:
+    sessions = Sessions("the-token", lifetime=60)
+    cookie = sessions.issue(now=1000)
+    sid = sessions.session_id(cookie, now=1059)
+    assert sid is not None
+    assert sessions.session_id(cookie, now=1061) is None
+    expires, nonce, mac = cookie.split(".")
+    assert sessions.session_id(f"{int(expires) + 999}.{nonce}.{mac}", now=1000) is None
+    assert sessions.session_id(f"{expires}.other.{mac}", now=1000) is None
+    assert sessions.session_id("garbage", now=1000) is None
+    assert sessions.session_id(None) is None
+    # Another token (or a rotated one) signs nothing of this one.
+    assert Sessions("other-token", 60).session_id(cookie, now=1000) is None
+
+
+def test_csrf_tokens_are_bound_to_their_session_and_the_login_form_to_its_nonce() -> None:
+    sessions = Sessions("the-token", lifetime=60)
+    a = sessions.session_id(sessions.issue())
+    b = sessions.session_id(sessions.issue())
+    assert a and b and a != b
+    assert sessions.csrf_ok(a, sessions.csrf(a))
+    assert not sessions.csrf_ok(a, sessions.csrf(b))
+    assert not sessions.csrf_ok(a, None) and not sessions.csrf_ok(a, "")
+    nonce = sessions.login_nonce()
+    assert sessions.login_csrf_ok(nonce, sessions.login_csrf(nonce))
+    assert not sessions.login_csrf_ok(None, sessions.login_csrf(nonce))
+    assert not sessions.login_csrf_ok(sessions.login_nonce(), sessions.login_csrf(nonce))
+    assert sessions.token_matches(" the-token ") and not sessions.token_matches("the-toke")
+
+
+@pytest.mark.parametrize(
+    "cron",
+    [
+        CronJob.interval("a", "job", timedelta(minutes=15)),
+        CronJob.interval("a", "job", 0.25),
+        CronJob.daily_utc("a", "job", DailySchedule(0, 5)),
+        CronJob.daily_in_timezone(
+            "a", "job", DailySchedule(16, 30).weekdays(range(5)), "America/New_York"
+        ),
+        CronJob.monthly_utc("a", "job", MonthlySchedule(31, 3, 30)),
+        CronJob.monthly_in_timezone("a", "job", MonthlySchedule(1, 2, 30), "Australia/Lord_Howe"),
+    ],
+)
+def test_every_definition_reads_back_as_the_same_schedule(cron: CronJob) -> None:
+    back = parse_definition(cron.id, cron.job_name, cron.definition)
+    assert back.definition == cron.definition
+    assert back.timezone == cron.timezone
+    start = datetime(2026, 3, 7, 12, 0, tzinfo=UTC)  # across a DST change in New York
+    expected, at = [], start
+    for _ in range(4):
+        at = next_occurrence(cron, at)
+        expected.append(at)
+    assert next_occurrences(back, start, 4) == expected
+
+
+@pytest.mark.parametrize(
+    "text", ["hourly", "every 5m", "daily 25:00 UTC", "daily 10:00 on funday UTC", "monthly 1"]
+)
+def test_definitions_no_version_writes_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"definition|weekday|hour|must"):
+        parse_definition("a", "job", text)
+
+
+def test_login_only_returns_to_a_console_page() -> None:
+    assert _safe_next("/ui/jobs?status=failed") == "/ui/jobs?status=failed"
+    for bad in (None, "", "//evil.example/ui/", "https://evil.example/ui/", "/jobs", "/ui\\x"):
+        assert _safe_next(bad) == "/ui/"
+
+
+def test_filters_no_index_serves_are_read_in_windows() -> None:
+    assert JobFilter().bounded
+    assert JobFilter(status=JobStatus.FAILED, kind="k", queue="q").bounded
+    assert JobFilter(status=JobStatus.QUEUED, kind="k").bounded
+    assert JobFilter(status=JobStatus.SUCCEEDED).bounded
+    assert not JobFilter(kind="k").bounded
+    assert not JobFilter(queue="q").bounded
+    assert not JobFilter(status=JobStatus.CANCELLED).bounded
+    assert not JobFilter(status=JobStatus.SUCCEEDED, kind="k").bounded
+
+
+def test_time_bounds_are_the_smallest_uuidv7_of_their_millisecond() -> None:
+    moment = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
+    floor = id_floor(moment)
+    assert floor.int >> 80 == int(moment.timestamp() * 1000)
+    assert floor.int & ((1 << 80) - 1) == 0
+
+
+def test_a_short_search_offers_to_go_on_from_where_it_stopped() -> None:
+    from uuid import UUID
+
+    from pgfleet.service.console import pages
+    from pgfleet.service.console.data import JobPage
+
+    stop = UUID("01a22d79-0000-7000-8000-000000000000")
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    f = JobFilter(kind="rare", since=datetime(2025, 12, 1, tzinfo=UTC))
+    html = pages.jobs_page(
+        pages.Frame("c", "Jobs", "jobs"), f, JobPage([], None, stop, 10_000), None, now
+    )
+    assert "searched only the 10,000 jobs before it" in html
+    assert f'href="/ui/jobs?kind=rare&amp;from=2025-12-01T00%3A00&amp;before={stop}"' in html
+    assert "No job matches." in html
