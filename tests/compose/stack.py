@@ -334,6 +334,21 @@ class Stack:
             raw = exc.read()
             return exc.code, dict(exc.headers), json.loads(raw) if raw else None
 
+    def get_status(self, path: str) -> int:
+        """The status of a plain GET (no token, redirects not followed)."""
+
+        class NoRedirect(urllib.request.HTTPRedirectHandler):
+            def redirect_request(self, *_args: Any, **_kw: Any) -> None:
+                return None
+
+        opener = urllib.request.build_opener(NoRedirect)
+        try:
+            with opener.open(f"http://127.0.0.1:{self.api_port}{path}", timeout=30) as response:
+                status: int = response.status
+                return status
+        except urllib.error.HTTPError as exc:
+            return exc.code
+
     def post_jobs(self, jobs: list[dict[str, Any]]) -> list[str]:
         """Enqueue through the API in batches; the ids of the accepted jobs."""
         ids: list[str] = []

@@ -181,6 +181,9 @@ def test_compose_fleet_end_to_end(stack: Stack, steps: Steps) -> None:
                 assert status == 401, (method, path, token, status, answer)
                 assert headers.get("WWW-Authenticate", "").startswith("Bearer"), headers
         assert stack.psql("SELECT count(*) FROM pgfleet.jobs")[0][0] == before
+        # The operator console ships in the image: its login page and static files.
+        assert stack.get_status("/ui/login") == 200
+        assert stack.get_status("/ui/static/console.css") == 200
 
     # --- Prometheus, from inside the network ----------------------------------------
     with steps("Prometheus: 3 worker targets and the api up, the SPEC metrics reported"):
