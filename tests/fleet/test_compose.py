@@ -1,7 +1,8 @@
 """docker-compose.yml: accepted by docker-compose, and the facts the fleet promises.
 
-There is no Docker engine here: `docker-compose config` validates and interpolates
+No Docker engine is needed here: `docker-compose config` validates and interpolates
 the file without one. The facts are read from the file itself (anchors merged).
+tests/compose/ runs the stack for real when an engine answers.
 """
 
 from __future__ import annotations
@@ -14,12 +15,29 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fleet.support import COMPOSE, DEPLOY, ROOT, binary, env_without, load_yaml, run
+from tests.fleet.support import (
+    COMPOSE,
+    DEPLOY,
+    DOCKERFILE,
+    ROOT,
+    binary,
+    env_without,
+    load_yaml,
+    run,
+)
 
 SECRETS = {
     "POSTGRES_PASSWORD": "throwaway-postgres",
     "GRAFANA_ADMIN_PASSWORD": "throwaway-grafana",
     "PGFLEET_API_TOKEN": "throwaway-token",
+}
+#: The images compose pulls (and the base of the one it builds), by the variable that
+#: overrides each, with the pinned default.
+IMAGE_VARIABLES = {
+    "PGFLEET_POSTGRES_IMAGE": "postgres:16.6-alpine",
+    "PGFLEET_PROMETHEUS_IMAGE": "prom/prometheus:v2.55.1",
+    "PGFLEET_GRAFANA_IMAGE": "grafana/grafana:11.4.0",
+    "PGFLEET_PYTHON_IMAGE": "python:3.11.11-slim-bookworm",
 }
 OPTIONAL = (
     "PGFLEET_API_BIND",
@@ -27,6 +45,9 @@ OPTIONAL = (
     "GRAFANA_BIND",
     "GRAFANA_PUBLISHED_PORT",
     "PGFLEET_IMAGE_TAG",
+    "LOCUST_UID",
+    "LOCUST_GID",
+    *IMAGE_VARIABLES,
     "PGFLEET_API_UI",
     "PGFLEET_UI_HIDE_PAYLOADS",
 )
@@ -103,22 +124,92 @@ def test_compose_refuses_to_run_without_each_secret(tmp_path: Path, missing: str
 # --- images -------------------------------------------------------------------------
 
 
+def default_of(value: str) -> str:
+    """The default of a `${VAR:-default}` value, else the value itself."""
+    match = re.fullmatch(r"\$\{\w+:-([^}]+)\}", value)
+    return match.group(1) if match else value
+
+
 def test_every_image_is_pinned_to_an_explicit_version(services: dict[str, Any]) -> None:
     for name, service in services.items():
         image = service.get("image")
         assert image, f"{name} has no image name"
         assert "latest" not in image, f"{name}: {image!r}"
-        if "build" in service:
+        if re.fullmatch(r"pgfleet(-loadtest)?:\$\{PGFLEET_IMAGE_TAG:-local\}", image):
             # Built here from worker/Dockerfile, whose base is pinned (test_image.py);
             # tagged locally.
-            assert service["build"]["dockerfile"] == "worker/Dockerfile", name
-            assert re.fullmatch(r"pgfleet(-loadtest)?:\$\{PGFLEET_IMAGE_TAG:-local\}", image)
+            continue
+        image = default_of(image)
+        if "build" in service:
+            raise AssertionError(f"{name} builds an image not named pgfleet:<tag>: {image!r}")
         else:
             # PostgreSQL releases are major.minor (16.6); everything else major.minor.patch.
             version = r"\d+\.\d+" if image.startswith("postgres:") else r"v?\d+\.\d+\.\d+"
             assert re.fullmatch(r"[a-z0-9/._-]+:" + version + r"(-[a-z0-9.]+)?", image), (
                 f"{name}: {image!r} is not pinned to an exact version"
             )
+
+
+def test_the_pgfleet_image_is_built_by_one_service_only(services: dict[str, Any]) -> None:
+    # Each service with a `build:` section builds: three of them built the same image
+    # three times, leaving two dangling copies and an arbitrary one tagged.
+    runtime = [
+        n for n, s in services.items() if s["image"] == "pgfleet:${PGFLEET_IMAGE_TAG:-local}"
+    ]
+    assert sorted(runtime) == ["api", "migrate", "worker"]
+    builders = [n for n, s in services.items() if "build" in s]
+    assert sorted(builders) == ["locust", "migrate"]
+    assert services["migrate"]["build"]["target"] == "runtime"
+    assert services["locust"]["build"]["target"] == "loadtest"
+    for name in builders:
+        build = services[name]["build"]
+        assert build["context"] == "." and build["dockerfile"] == "worker/Dockerfile", name
+        assert build["args"] == {
+            "PYTHON_IMAGE": "${PGFLEET_PYTHON_IMAGE:-"
+            + IMAGE_VARIABLES["PGFLEET_PYTHON_IMAGE"]
+            + "}"
+        }
+    # Every service running the image starts after the one that builds it.
+    for name in ("worker", "api"):
+        assert "migrate" in services[name]["depends_on"], name
+
+
+def test_image_names_are_overridable_with_pinned_defaults(
+    services: dict[str, Any], tmp_path: Path
+) -> None:
+    declared = {
+        "PGFLEET_POSTGRES_IMAGE": services["postgres"]["image"],
+        "PGFLEET_PROMETHEUS_IMAGE": services["prometheus"]["image"],
+        "PGFLEET_GRAFANA_IMAGE": services["grafana"]["image"],
+        "PGFLEET_PYTHON_IMAGE": services["migrate"]["build"]["args"]["PYTHON_IMAGE"],
+    }
+    for variable, default in IMAGE_VARIABLES.items():
+        assert declared[variable] == "${" + variable + ":-" + default + "}", variable
+    # The Dockerfile's own default is the same pinned image.
+    dockerfile_arg = re.search(r"^ARG PYTHON_IMAGE=(\S+)$", DOCKERFILE.read_text(), re.MULTILINE)
+    assert dockerfile_arg and dockerfile_arg.group(1) == IMAGE_VARIABLES["PGFLEET_PYTHON_IMAGE"]
+
+    def resolved(values: dict[str, str]) -> dict[str, str]:
+        result = compose_config(tmp_path, values, "--profile", "loadtest")
+        assert result.returncode == 0, result.stderr
+        svc = yaml.safe_load(result.stdout)["services"]
+        return {
+            "PGFLEET_POSTGRES_IMAGE": svc["postgres"]["image"],
+            "PGFLEET_PROMETHEUS_IMAGE": svc["prometheus"]["image"],
+            "PGFLEET_GRAFANA_IMAGE": svc["grafana"]["image"],
+            "PGFLEET_PYTHON_IMAGE": svc["migrate"]["build"]["args"]["PYTHON_IMAGE"],
+            "locust": svc["locust"]["build"]["args"]["PYTHON_IMAGE"],
+        }
+
+    assert resolved(SECRETS) == {
+        **IMAGE_VARIABLES,
+        "locust": IMAGE_VARIABLES["PGFLEET_PYTHON_IMAGE"],
+    }
+    mirror = {v: f"mirror.example:5000/{d}" for v, d in IMAGE_VARIABLES.items()}
+    assert resolved({**SECRETS, **mirror}) == {
+        **mirror,
+        "locust": mirror["PGFLEET_PYTHON_IMAGE"],
+    }
 
 
 # --- health and order -----------------------------------------------------------------
@@ -276,6 +367,22 @@ def test_locust_is_only_in_the_loadtest_profile(services: dict[str, Any]) -> Non
     assert locust["profiles"] == ["loadtest"]
     assert locust["environment"]["LOCUST_LOCUSTFILE"] == "/app/loadtest/locustfile.py"
     assert "./loadtest:/app/loadtest" in locust["volumes"]
+    assert locust["environment"]["LOCUST_CSV"].startswith("/app/loadtest/results/")
     for name, service in services.items():
         if name != "locust":
             assert "profiles" not in service, name
+
+
+def test_locust_writes_its_results_as_the_user_set_in_the_environment(tmp_path: Path) -> None:
+    # The image's user (10001) cannot write into a checkout owned by someone else,
+    # and files it wrote would need sudo to remove: locust runs as LOCUST_UID:LOCUST_GID.
+    def locust_user(values: dict[str, str]) -> str:
+        result = compose_config(tmp_path, values, "--profile", "loadtest")
+        assert result.returncode == 0, result.stderr
+        user: str = yaml.safe_load(result.stdout)["services"]["locust"]["user"]
+        return user
+
+    assert locust_user(SECRETS) == "1000:1000"
+    assert locust_user({**SECRETS, "LOCUST_UID": "4242", "LOCUST_GID": "4343"}) == "4242:4343"
+    example = (ROOT / ".env.example").read_text()
+    assert "LOCUST_UID" in example and "LOCUST_GID" in example

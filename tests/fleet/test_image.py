@@ -1,5 +1,5 @@
-"""worker/Dockerfile (no engine here to build it: its facts are read from the text)
-and the health check script the image runs."""
+"""worker/Dockerfile (its facts read from the text; tests/compose/ builds it for real
+when an engine answers) and the health check script the image runs."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,12 +66,25 @@ def test_base_image_is_a_pinned_slim_python() -> None:
         assert image == "${PYTHON_IMAGE}" or image in stages(), image
 
 
-def test_multi_stage_with_wheels_built_apart_from_the_final_image() -> None:
+def test_multi_stage_with_dependencies_installed_apart_from_the_final_image() -> None:
     all_stages = stages()
     assert list(all_stages)[-1] == "runtime", "the default target runs pgfleet"
-    builder = " ".join(rest for _w, rest in all_stages["builder"])
-    assert "build-essential" in builder
-    assert "pip wheel" in builder and "'.[service]'" in builder, "uvloop comes with [service]"
+    deps = " ".join(rest for _w, rest in all_stages["deps"])
+    # Dependencies from pyproject.toml alone, before the code is copied: a code change
+    # reuses that layer. uvloop comes with [service].
+    assert "pyproject.toml worker/requirements.py ./" in deps
+    assert "requirements.py service" in deps and "pip install --requirement" in deps
+    assert "COPY pgfleet" not in deps and "README" not in deps
+    builder = all_stages["builder"]
+    assert builder[0] == ("FROM", "deps")
+    runs = [" ".join(rest.split()) for word, rest in builder if word == "RUN"]
+    assert runs == ["/opt/venv/bin/pip install --no-deps . && /opt/venv/bin/pip check"]
+    # Every dependency is a binary wheel: no compiler in any stage, and pip refuses to
+    # fall back to compiling an sdist (which would fail for want of one anyway).
+    assert "PIP_ONLY_BINARY=:all:" in deps
+    for name, body in all_stages.items():
+        for word, rest in body:
+            assert not (word == "RUN" and "apt-get" in rest), f"{name}: {rest}"
     for body in final_stage_chain():
         for word, rest in body:
             assert not (word == "RUN" and "apt-get install" in rest), (
@@ -78,6 +92,20 @@ def test_multi_stage_with_wheels_built_apart_from_the_final_image() -> None:
             )
     runtime = all_stages["runtime"]
     assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
+
+
+def test_requirements_script_reads_the_extras_from_pyproject() -> None:
+    import tomllib
+
+    from worker.requirements import requirements
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    service = requirements(ROOT / "pyproject.toml", ["service"])
+    assert service == project["dependencies"] + project["optional-dependencies"]["service"]
+    assert any(r.startswith("uvloop") for r in service)
+    assert any(r.startswith("locust") for r in requirements(ROOT / "pyproject.toml", ["loadtest"]))
+    with pytest.raises(SystemExit, match="no such extra.*nope"):
+        requirements(ROOT / "pyproject.toml", ["nope"])
 
 
 def test_final_image_runs_as_a_non_root_user() -> None:
@@ -89,6 +117,8 @@ def test_final_image_runs_as_a_non_root_user() -> None:
 def test_healthcheck_hits_healthz_with_python_and_worker_is_the_default_command() -> None:
     runtime = dict(final_stage_chain()[0])
     assert "/app/worker/healthcheck.py" in runtime["HEALTHCHECK"]
+    # No port in the instruction: the script finds the one of the command being run.
+    assert runtime["HEALTHCHECK"].rstrip().endswith('"/app/worker/healthcheck.py"]')
     assert '"python"' in runtime["HEALTHCHECK"], "slim images have no curl"
     assert runtime["CMD"] == '["pgfleet", "worker"]', "exec form, so SIGTERM reaches pgfleet"
     assert ("COPY", "worker ./worker") in final_stage_chain()[0]
@@ -180,6 +210,59 @@ def test_healthcheck_fails_when_nothing_listens() -> None:
     result = healthcheck(str(free_port()))
     assert result.returncode == 1
     assert "healthz" in result.stderr
+
+
+# The same image runs `pgfleet worker` (health on 9464) and `pgfleet api` (9465): the
+# port comes from the command the container runs, /proc/1/cmdline, past an init.
+IMAGE_ENV = {"PGFLEET_METRICS_PORT": "9464", "PGFLEET_METRICS_HOST": "0.0.0.0"}
+
+
+@pytest.mark.parametrize(
+    ("cmdline", "environ", "port"),
+    [
+        (["pgfleet", "api"], IMAGE_ENV, 9465),
+        (["/sbin/docker-init", "--", "pgfleet", "api"], IMAGE_ENV, 9465),
+        (["/opt/venv/bin/python", "/opt/venv/bin/pgfleet", "api"], IMAGE_ENV, 9465),
+        (["python", "-m", "pgfleet", "api", "--log-level", "debug"], IMAGE_ENV, 9465),
+        (["pgfleet", "api"], {**IMAGE_ENV, "PGFLEET_API_METRICS_PORT": "9600"}, 9600),
+        (["pgfleet", "api", "--metrics-port", "9700"], IMAGE_ENV, 9700),
+        (["pgfleet", "api", "--metrics-port=9701"], IMAGE_ENV, 9701),
+        # Metrics off: the API's own /healthz.
+        (["pgfleet", "api", "--metrics-port", "0"], IMAGE_ENV, 8000),
+        (["pgfleet", "api", "--metrics-port", "0", "--port", "8080"], IMAGE_ENV, 8080),
+        (["/sbin/docker-init", "--", "pgfleet", "worker"], IMAGE_ENV, 9464),
+        (["pgfleet", "worker"], {"PGFLEET_METRICS_PORT": "9500"}, 9500),
+        (["pgfleet", "worker", "--metrics-port", "9501"], IMAGE_ENV, 9501),
+        (["pgfleet", "worker"], {}, 9464),
+        # Anything else (or an unreadable /proc): PGFLEET_METRICS_PORT, else 9464.
+        (["pgfleet", "migrate"], {"PGFLEET_METRICS_PORT": "9502"}, 9502),
+        ([], {}, 9464),
+        (["sleep", "infinity"], IMAGE_ENV, 9464),
+    ],
+)
+def test_healthcheck_port_follows_the_command_the_container_runs(
+    cmdline: list[str], environ: dict[str, str], port: int
+) -> None:
+    from worker.healthcheck import port_from
+
+    assert port_from(["healthcheck.py"], environ, cmdline) == port
+
+
+def test_healthcheck_port_argument_and_health_port_win_over_the_command() -> None:
+    from worker.healthcheck import port_from
+
+    api = ["pgfleet", "api"]
+    assert port_from(["healthcheck.py", "9999"], IMAGE_ENV, api) == 9999
+    assert port_from(["healthcheck.py"], {**IMAGE_ENV, "PGFLEET_HEALTH_PORT": "9998"}, api) == 9998
+
+
+def test_healthcheck_reads_the_command_line_of_pid_1(tmp_path: Path) -> None:
+    from worker.healthcheck import read_cmdline
+
+    cmdline = tmp_path / "cmdline"
+    cmdline.write_bytes(b"/sbin/docker-init\0--\0pgfleet\0api\0")
+    assert read_cmdline(cmdline) == ["/sbin/docker-init", "--", "pgfleet", "api"]
+    assert read_cmdline(tmp_path / "missing") == []
 
 
 def test_healthcheck_refuses_a_bad_port() -> None:
