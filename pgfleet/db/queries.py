@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from importlib import resources
-from typing import Literal
+from typing import Literal, Self
 
 Shape = Literal[":one", ":many", ":val", ":exec"]
 
@@ -53,7 +53,31 @@ def parse(text: str) -> dict[str, Query]:
     return found
 
 
-class Queries:
+class QueryFile:
+    """A ``.sql`` file of named queries and the class declaring them: one annotated
+    attribute per named block, checked at import so that neither can drift."""
+
+    FILE = ""
+
+    def __init__(self, loaded: dict[str, Query]) -> None:
+        declared = set(type(self).__annotations__)
+        missing = declared - loaded.keys()
+        extra = loaded.keys() - declared
+        if missing or extra:
+            raise ImportError(
+                f"{self.FILE} and {type(self).__name__} disagree: missing {sorted(missing)}, "
+                f"undeclared {sorted(extra)}"
+            )
+        for key, query in loaded.items():
+            setattr(self, key, query)
+
+    @classmethod
+    def load(cls) -> Self:
+        text = resources.files("pgfleet.db").joinpath(cls.FILE).read_text("utf-8")
+        return cls(parse(text))
+
+
+class Queries(QueryFile):
     """Attribute access to the loaded queries; one attribute per named block."""
 
     job_insert: Query
@@ -103,22 +127,7 @@ class Queries:
     cron_advance: Query
     cron_record_job: Query
 
-    def __init__(self, loaded: dict[str, Query]) -> None:
-        declared = set(type(self).__annotations__)
-        missing = declared - loaded.keys()
-        extra = loaded.keys() - declared
-        if missing or extra:
-            raise ImportError(
-                f"queries.sql and Queries disagree: missing {sorted(missing)}, "
-                f"undeclared {sorted(extra)}"
-            )
-        for key, query in loaded.items():
-            setattr(self, key, query)
+    FILE = "queries.sql"
 
 
-def _load() -> Queries:
-    text = resources.files("pgfleet.db").joinpath("queries.sql").read_text("utf-8")
-    return Queries(parse(text))
-
-
-Q = _load()
+Q = Queries.load()
