@@ -87,9 +87,12 @@ async def _migrate(dsn: str) -> list[int]:
     import asyncpg
 
     from pgfleet.db.migrate import migrate
+    from pgfleet.db.pooler import dsn_transaction_pooled, refuse_migrations
 
     conn = await _connect(asyncpg, dsn)
     try:
+        if await dsn_transaction_pooled(dsn):
+            raise refuse_migrations("--dsn")
         return await migrate(conn)
     finally:
         await conn.close()
