@@ -93,21 +93,22 @@ def start(server_dsn: str, pool_mode: str, *, pool_size: int = 4) -> Bouncer:
         "admin_users = " + user + "\n"
     )
     run_as = _unprivileged_user(directory)
-    process = subprocess.Popen(
-        [binary, "-q", str(directory / "pgbouncer.ini")],
-        user=run_as,
-        group=run_as,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    with (directory / "stderr.log").open("wb") as err:
+        process = subprocess.Popen(
+            [binary, "-q", str(directory / "pgbouncer.ini")],
+            user=run_as,
+            group=run_as,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     bouncer = Bouncer(port, pool_mode, directory, process, user)
     deadline = time.monotonic() + 20
     import socket
 
     while True:
         if process.poll() is not None:
-            err = process.stderr.read().decode(errors="replace") if process.stderr else ""
+            err = (directory / "stderr.log").read_text(errors="replace")
             shutil.rmtree(directory, ignore_errors=True)
             raise RuntimeError(f"pgbouncer exited at start: {err}{bouncer.log()}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
