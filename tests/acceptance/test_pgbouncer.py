@@ -11,9 +11,9 @@ statements through the pooler). Effects are counted in the database.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -192,7 +192,7 @@ async def test_fleet_through_pgbouncer(
             "ORDER BY started_at"
         )
         assert len(lane) == LANE_JOBS
-        for before, after in zip(lane, lane[1:], strict=False):
+        for before, after in itertools.pairwise(lane):
             assert after["started_at"] >= before["finished_at"]
         # Retries: the first attempt failed, the second succeeded.
         flaky = await direct.fetch(
@@ -255,25 +255,30 @@ async def test_migrations_need_a_direct_or_session_connection(
 ) -> None:
     pooled = bouncer.dsn(_dbname(database))
     env = {k: v for k, v in os.environ.items() if not k.startswith("PGFLEET_")}
-    result = subprocess.run(
-        [sys.executable, "-m", "pgfleet", "migrate", "--dsn", pooled],
+    child = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "pgfleet",
+        "migrate",
+        "--dsn",
+        pooled,
         cwd=ROOT,
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
+    out, err = await asyncio.wait_for(child.communicate(), 60)
+    stdout, stderr = out.decode(), err.decode()
     pool = await pgfleet.create_pool(pooled, min_size=0, max_size=2, pgbouncer=True)
     try:
         if bouncer.pool_mode == "transaction":
-            assert result.returncode != 0
-            assert "need a direct or session-mode connection" in result.stderr, result.stderr
+            assert child.returncode != 0
+            assert "need a direct or session-mode connection" in stderr, stderr
             with pytest.raises(MigrationError, match="transaction mode"):
                 await pgfleet.migrate(pool)
         else:
-            assert result.returncode == 0, result.stderr
-            assert "up to date" in result.stdout
+            assert child.returncode == 0, stderr
+            assert "up to date" in stdout
             assert await pgfleet.migrate(pool) == []
     finally:
         await pool.close()
