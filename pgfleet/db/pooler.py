@@ -110,19 +110,19 @@ async def transaction_pooled(
         raise
 
 
-async def dsn_transaction_pooled(dsn: str, *, timeout: float = 5.0) -> bool:
-    """:func:`transaction_pooled` on two fresh connections to ``dsn``."""
+async def dsn_transaction_pooled(dsn: str, first: Any, *, timeout: float = 5.0) -> bool:
+    """:func:`transaction_pooled` for ``first``, a connection to ``dsn``: a second
+    connection is opened only when ``first`` goes through a pooler."""
     import asyncpg
 
-    conns: list[Any] = []
+    if not await behind_pooler(first):
+        return False
+    second = await asyncpg.connect(dsn, timeout=timeout, statement_cache_size=0)
     try:
-        for _ in range(2):
-            conns.append(await asyncpg.connect(dsn, timeout=timeout, statement_cache_size=0))
-        return await transaction_pooled(conns[0], conns[1], timeout=timeout)
+        return await transaction_pooled(first, second, timeout=timeout)
     finally:
-        for conn in conns:
-            with contextlib.suppress(Exception):
-                await conn.close(timeout=timeout)
+        with contextlib.suppress(Exception):
+            await second.close(timeout=timeout)
 
 
 def refuse_migrations(where: str) -> MigrationError:
