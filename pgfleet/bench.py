@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import json
 import os
@@ -36,6 +37,9 @@ from pgfleet.worker import Worker, WorkerConfig
 SUITES = ("enqueue", "drain", "latency", "retention")
 #: How the benchmark's child processes receive the database URL.
 _CHILD_DSN = "PGFLEET_DATABASE_URL"
+#: "1": the child's DSN goes through a transaction-mode pooler (--pooled-dsn).
+_CHILD_POOLED = "PGFLEET_BENCH_POOLED"
+_CHILD_LISTEN = "PGFLEET_LISTEN_DATABASE_URL"
 
 
 @dataclass
@@ -59,6 +63,7 @@ class Bench:
     results: list[Result] = field(default_factory=list)
     facts: dict[str, Any] = field(default_factory=dict)
     cpu: CpuRuns = field(default_factory=lambda: CpuRuns())
+    pooled_dsn: str | None = None
 
     def n(self, count: int) -> int:
         return max(1, int(count * self.scale))
@@ -529,12 +534,106 @@ async def suite_drain(bench: Bench, dsn: str) -> None:
     print(f"  table after the last drain: {bench.facts['after drain']}", flush=True)
 
 
+# ---------------------------------------------------------------- pgbouncer suite
+
+
+async def _drain_route(url: str, pooled: bool, total: int, concurrency: int) -> float:
+    """Drain ``total`` queued jobs with one in-process worker whose pool uses ``url``."""
+    pool = await create_pool(url, min_size=4, max_size=8, pgbouncer=pooled)
+    try:
+        config = dataclasses.replace(_bench_config(concurrency), pgbouncer=pooled, listen=False)
+        worker = Worker(pool, _noop_registry(), config)
+        start = time.perf_counter()
+        stats = await worker.run(burst=True)
+        if stats.succeeded != total:
+            raise RuntimeError(f"drained {stats.succeeded} jobs, expected {total}")
+        return stats.succeeded / (time.perf_counter() - start)
+    finally:
+        await pool.close()
+
+
+async def suite_pgbouncer(bench: Bench, dsn: str) -> None:
+    """Direct against through a transaction-mode pooler (--pooled-dsn): drain rate
+    and pickup latency, plus the cost of no prepared statements on its own."""
+    if not bench.pooled_dsn:
+        raise SystemExit(
+            "pgfleet bench: the pgbouncer suite needs --pooled-dsn, a PgBouncer in "
+            "transaction mode in front of the same server"
+        )
+    pooled_dsn = _with_database(bench.pooled_dsn, urlsplit(dsn).path.lstrip("/"))
+    print("pgbouncer (transaction mode, no prepared statements) against direct", flush=True)
+    total = bench.n(10_000)
+    rate, producers, seconds = 500, 4, max(2.0, 10.0 * bench.scale)
+    admin = await create_pool(dsn, min_size=1, max_size=2)
+    runs: dict[str, list[float]] = {}
+    drains = {
+        "direct": (dsn, False),
+        "direct no statement cache": (dsn, None),
+        "pgbouncer": (pooled_dsn, True),
+    }
+    latencies = {
+        "direct": (dsn, None),
+        "pgbouncer listen-dsn": (pooled_dsn, {_CHILD_POOLED: "1", _CHILD_LISTEN: dsn}),
+        "pgbouncer polling": (pooled_dsn, {_CHILD_POOLED: "1", _CHILD_LISTEN: ""}),
+    }
+    try:
+        for _ in range(bench.repeats):
+            for route, (url, pooled) in drains.items():
+                await _reset(admin)
+                await _fill(admin, total)
+                if pooled is None:  # direct, statement cache off, session settings on
+                    pool_rate = await _drain_nocache(url, total, 16)
+                else:
+                    pool_rate = await _drain_route(url, pooled, total, 16)
+                runs.setdefault(f"drain c16 {route}", []).append(pool_rate)
+            for route, (url, env) in latencies.items():
+                await _reset(admin)
+                pool = await create_pool(
+                    url, min_size=producers, max_size=producers, pgbouncer=env is not None
+                )
+                try:
+                    delays = await _latency_run(pool, url, producers, rate, seconds, env)
+                finally:
+                    await pool.close()
+                for q in (50, 99):
+                    runs.setdefault(f"pickup p{q} {route}", []).append(_quantile(delays, q / 100))
+    finally:
+        await admin.close()
+    for route in drains:
+        ref = None if route == "direct" else "drain c16 direct"
+        title = f"drain, 1 process concurrency 16, {route}"
+        bench.add(
+            Result(
+                f"drain c16 {route}", "jobs/s", runs[f"drain c16 {route}"], ref, {"title": title}
+            )
+        )
+    for route in latencies:
+        for q in (50, 99):
+            key = f"pickup p{q} {route}"
+            title = f"pickup latency p{q} at {rate} jobs/s, {route}"
+            bench.add(Result(key, "ms", runs[key], extra={"title": title}))
+
+
+async def _drain_nocache(url: str, total: int, concurrency: int) -> float:
+    """A direct pool without asyncpg's statement cache: the cost of unnamed statements
+    alone, without the pooler's hop."""
+    pool = await create_pool(url, min_size=4, max_size=8, statement_cache_size=0)
+    try:
+        worker = Worker(pool, _noop_registry(), _bench_config(concurrency))
+        start = time.perf_counter()
+        stats = await worker.run(burst=True)
+        return stats.succeeded / (time.perf_counter() - start)
+    finally:
+        await pool.close()
+
+
 # ---------------------------------------------------------------- pickup latency suite
 
 
 async def _latency_child(dsn: str, concurrency: int) -> None:
     """A worker process that reports (job id, wall clock at handler start)."""
-    pool = await create_pool(dsn, min_size=3, max_size=6)
+    pooled = os.environ.get(_CHILD_POOLED) == "1"
+    pool = await create_pool(dsn, min_size=3, max_size=6, pgbouncer=pooled)
     registry = Registry()
     out = sys.stdout
 
@@ -545,7 +644,11 @@ async def _latency_child(dsn: str, concurrency: int) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_reader(sys.stdin.fileno(), stop.set)
-    worker = Worker(pool, registry, _bench_config(concurrency))
+    config = _bench_config(concurrency)
+    if pooled:
+        listen = os.environ.get(_CHILD_LISTEN) or None
+        config = dataclasses.replace(config, pgbouncer=True, listen_dsn=listen)
+    worker = Worker(pool, registry, config)
     task = loop.create_task(worker.run(shutdown=stop.wait()))
     await worker.wait_started()
     print("ready", flush=True)
@@ -576,10 +679,15 @@ async def suite_latency(bench: Bench, dsn: str) -> None:
 
 
 async def _latency_run(
-    pool: asyncpg.Pool, dsn: str, producers: int, rate: int, seconds: float
+    pool: asyncpg.Pool,
+    dsn: str,
+    producers: int,
+    rate: int,
+    seconds: float,
+    env: dict[str, str] | None = None,
 ) -> list[float]:
     """Milliseconds from each enqueue's commit to its handler's start, sorted."""
-    child = await _spawn_child("--child-latency", 16, dsn)
+    child = await _spawn_child("--child-latency", 16, dsn, env)
     assert child.stdout is not None
     assert child.stdin is not None
     if (await child.stdout.readline()).strip() != b"ready":
@@ -723,6 +831,7 @@ def _report(bench: Bench) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     bench = Bench(args.dsn, args.repeats, args.scale)
+    bench.pooled_dsn = getattr(args, "pooled_dsn", None)
     dsn = await _fresh_database(args.dsn, args.database)
     try:
         admin = await asyncpg.connect(dsn)
@@ -750,6 +859,8 @@ SUITE_FUNCTIONS: dict[str, Callable[[Bench, str], Awaitable[None]]] = {
     "drain": suite_drain,
     "latency": suite_latency,
     "retention": suite_retention,
+    # Not in the default set: it needs --pooled-dsn.
+    "pgbouncer": suite_pgbouncer,
 }
 
 
@@ -760,6 +871,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--database", default="pgfleet_bench", help="database to create and drop")
     parser.add_argument("--keep", action="store_true", help="keep the benchmark database")
     parser.add_argument("--json", dest="json_path", help="write the results here as JSON")
+    parser.add_argument(
+        "--pooled-dsn",
+        help="for --suites pgbouncer: a PgBouncer in transaction mode in front of --dsn's "
+        "server (its database name is replaced by the benchmark's)",
+    )
 
 
 def main(args: argparse.Namespace) -> None:
@@ -778,7 +894,9 @@ def main(args: argparse.Namespace) -> None:
         print(f"wrote {args.json_path}")
 
 
-async def _spawn_child(mode: str, concurrency: int, dsn: str) -> asyncio.subprocess.Process:
+async def _spawn_child(
+    mode: str, concurrency: int, dsn: str, env: dict[str, str] | None = None
+) -> asyncio.subprocess.Process:
     """One of the benchmark's own worker processes (see _child_main), talking over
     stdin/stdout. The DSN travels in the environment: a password never shows in `ps`."""
     return await asyncio.create_subprocess_exec(
@@ -789,7 +907,7 @@ async def _spawn_child(mode: str, concurrency: int, dsn: str) -> asyncio.subproc
         str(concurrency),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, _CHILD_DSN: dsn},
+        env={**os.environ, _CHILD_DSN: dsn, **(env or {})},
     )
 
 

@@ -87,17 +87,20 @@ async def _migrate(dsn: str) -> list[int]:
     import asyncpg
 
     from pgfleet.db.migrate import migrate
+    from pgfleet.db.pooler import dsn_transaction_pooled, refuse_migrations
 
-    conn = await _connect(asyncpg, dsn)
+    conn = await _connect(asyncpg, dsn, statement_cache_size=0)
     try:
+        if await dsn_transaction_pooled(dsn, conn):
+            raise refuse_migrations("--dsn")
         return await migrate(conn)
     finally:
         await conn.close()
 
 
-async def _connect(asyncpg: Any, dsn: str) -> Any:
+async def _connect(asyncpg: Any, dsn: str, **kwargs: Any) -> Any:
     try:
-        return await asyncpg.connect(dsn, timeout=10)
+        return await asyncpg.connect(dsn, timeout=10, **kwargs)
     except (TimeoutError, OSError, asyncpg.PostgresError, ValueError) as exc:
         raise SystemExit(f"pgfleet: cannot connect to the database: {exc}") from None
 

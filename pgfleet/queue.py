@@ -659,7 +659,7 @@ async def _no_session_reset(connection: Any) -> None:
     """Pool ``reset`` hook: asyncpg has already rolled back any open transaction."""
 
 
-async def create_pool(dsn: str | None = None, **kwargs: Any) -> Any:
+async def create_pool(dsn: str | None = None, *, pgbouncer: bool = False, **kwargs: Any) -> Any:
     """An asyncpg pool tuned for pgfleet; takes asyncpg.create_pool's arguments.
 
     Connections go back to the pool without asyncpg's default session reset (one
@@ -673,9 +673,16 @@ async def create_pool(dsn: str | None = None, **kwargs: Any) -> Any:
     than ``release_timeout`` seconds (default 15) for a cancelled query to be
     acknowledged: a query that timed out on a server that no longer answers drops
     its connection instead of holding the caller and the pool slot for ever.
+
+    ``pgbouncer=True`` is for a DSN that goes through a pooler in transaction mode
+    which cannot keep named prepared statements (PgBouncer before 1.21, or without
+    ``max_prepared_statements``): asyncpg's statement cache is turned off, so every
+    statement is prepared unnamed in the round trip that runs it.
     """
     from pgfleet.db import pool as pools
 
+    if pgbouncer:
+        kwargs.setdefault("statement_cache_size", 0)
     kwargs.setdefault("reset", _no_session_reset)
     # A server that accepts TCP but never answers must not hold up a connect for
     # asyncpg's default of a minute.

@@ -28,6 +28,7 @@ from pgfleet.db import Q
 from pgfleet.db.boundary import is_connection_error
 from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, Held, bounded
 from pgfleet.db.migrate import check_schema
+from pgfleet.db.pooler import LazyPool
 from pgfleet.errors import InvalidOptions, PermanentError, SchemaNotReady
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job, JobStatus, validate_name
@@ -107,6 +108,14 @@ class WorkerConfig:
     #: listener, rescue, prune, cron, metrics), waiting for a connection included.
     #: A connection that does not answer in time is dropped and replaced.
     database_timeout: float | timedelta = DEFAULT_DATABASE_TIMEOUT
+    #: The pool reaches the database through a pooler in transaction mode
+    #: (PgBouncer ``pool_mode = transaction``): no session state is kept between
+    #: transactions, and LISTEN runs only on ``listen_dsn`` (polling without it).
+    #: Pair it with ``create_pool(..., pgbouncer=True)``.
+    pgbouncer: bool = False
+    #: Connection string of a direct or session-mode connection for LISTEN. The
+    #: listener then holds one connection of its own instead of one of the pool's.
+    listen_dsn: str | None = None
 
     def __post_init__(self) -> None:
         c = self.concurrency
@@ -126,6 +135,12 @@ class WorkerConfig:
             "database_timeout",
         ):
             object.__setattr__(self, name, _seconds(getattr(self, name), name))
+        if self.listen_dsn is not None and (
+            not isinstance(self.listen_dsn, str) or not self.listen_dsn.strip()
+        ):
+            raise InvalidOptions(
+                f"listen_dsn must be a non-empty connection string, got {self.listen_dsn!r}"
+            )
         for name in ("finished_job_retention", "default_timeout"):
             object.__setattr__(self, name, _seconds(getattr(self, name), name, allow_none=True))
         if self.dead_worker_timeout < 2 * self.heartbeat_interval:  # type: ignore[operator]
@@ -327,7 +342,15 @@ class Worker:
             wake=self._notify_fleet,
             clock=time.monotonic,
         )
-        self._listener = Listener(pool, self._wake, timeout=self._timeout) if cfg.listen else None
+        #: The listener's own connection (listen_dsn), closed when the worker stops.
+        self._listen_pool: LazyPool | None = None
+        self._listener: Listener | None = None
+        self._pooled = cfg.pgbouncer
+        if cfg.listen and cfg.listen_dsn is not None:
+            self._listen_pool = LazyPool(cfg.listen_dsn)
+            self._listener = Listener(self._listen_pool, self._wake, timeout=self._timeout)
+        elif cfg.listen and not cfg.pgbouncer:
+            self._listener = Listener(pool, self._wake, timeout=self._timeout)
         #: Claim-loop health, for readiness: consecutive failed rounds, when the
         #: current round began (None between rounds), when the failures began.
         self._failures = 0
@@ -470,6 +493,12 @@ class Worker:
         )
         if self._listener is not None:
             self._listener.start()
+        elif _listen_skipped(self.config):
+            log.info(
+                "behind a transaction-mode pooler without listen_dsn: not listening for "
+                "wakeups; idle workers poll every %gs",
+                self._poll,
+            )
         self._heartbeat.start()
         self._maintenance.start()
         if self._cron_service is not None:
@@ -532,6 +561,9 @@ class Worker:
         if self._listener is not None:
             stops.append(self._listener.stop())
         await asyncio.gather(*stops)
+        if self._listen_pool is not None:
+            with contextlib.suppress(Exception):
+                await self._listen_pool.close(min(self._timeout, 5.0))
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
         if self._state is not None:
@@ -607,12 +639,13 @@ class Worker:
                     async with asyncio.timeout(self._timeout):
                         if held is None:
                             held = Held(await self._pool.acquire(timeout=self._timeout))
-                            await held.conn.execute(Q.claim_session_begin.sql)
+                            if not self._pooled:
+                                await held.conn.execute(Q.claim_session_begin.sql)
                             reached = True
                             if self._failures:
                                 await self._release_unknown(held.conn, batch)
-                        rows = await held.conn.fetch(
-                            Q.job_complete_and_claim.sql,
+                        rows = await self._claim(
+                            held.conn,
                             [o.job.id for o in batch],
                             [o.job.lock_token for o in batch],
                             [o.kind for o in batch],
@@ -664,7 +697,8 @@ class Worker:
             if held is not None and not held.closed():
                 try:
                     async with asyncio.timeout(min(self._timeout, 5.0)):
-                        await held.conn.execute(Q.claim_session_end.sql)
+                        if not self._pooled:
+                            await held.conn.execute(Q.claim_session_end.sql)
                 except BaseException:
                     # Closed, not released: its session was not reset (and a live
                     # connection kept out of the pool is one pool.close() waits for).
@@ -672,6 +706,23 @@ class Worker:
                 else:
                     with contextlib.suppress(Exception):
                         await held.release(self._pool, min(self._timeout, 5.0))
+
+    async def _claim(self, conn: Any, *args: Any) -> list[Any]:
+        """One claim round's statement. Behind a transaction-mode pooler it runs in a
+        transaction of its own that carries the planner settings (SET LOCAL); a
+        direct connection has them on its session (claim_session_begin)."""
+        if not self._pooled:
+            return list(await conn.fetch(Q.job_complete_and_claim.sql, *args))
+        await conn.execute(Q.claim_transaction_begin.sql)
+        try:
+            rows = await conn.fetch(Q.job_complete_and_claim.sql, *args)
+            await conn.execute(Q.claim_transaction_commit.sql)
+        except Exception:
+            if not conn.is_closed() and conn.is_in_transaction():
+                with contextlib.suppress(Exception):
+                    await conn.execute(Q.claim_transaction_rollback.sql)
+            raise
+        return list(rows)
 
     async def _round_failed(
         self, batch: list[_Outcome], held: Held | None, exc: BaseException | None, *, reached: bool
@@ -983,3 +1034,8 @@ class Worker:
                 raise  # the handler's own
             return True
         return False
+
+
+def _listen_skipped(config: WorkerConfig) -> bool:
+    """LISTEN was asked for but cannot run: a transaction-mode pooler and no listen_dsn."""
+    return config.listen and config.pgbouncer and config.listen_dsn is None

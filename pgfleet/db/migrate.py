@@ -103,12 +103,37 @@ async def migrate(pool_or_connection: Any) -> list[int]:
 
     Accepts an asyncpg pool or connection. Idempotent and safe to call from many
     processes at once.
+
+    Refuses (:class:`MigrationError`) to run through a pooler in transaction mode:
+    with a pool, two of its connections tell; a single connection that goes through
+    a pooler cannot tell its mode and is warned about.
     """
+    from pgfleet.db.pooler import behind_pooler, refuse_migrations, transaction_pooled
+
     shipped = migrations()
     if hasattr(pool_or_connection, "acquire"):
-        async with pool_or_connection.acquire() as conn:
+        pool = pool_or_connection
+        async with pool.acquire() as conn:
+            if await behind_pooler(conn):
+                max_size = getattr(pool, "get_max_size", lambda: 1)()
+                if max_size >= 2:
+                    async with pool.acquire() as second:
+                        if await transaction_pooled(conn, second):
+                            raise refuse_migrations("this pool")
+                else:
+                    _warn_pooled()
             return await _migrate(conn, shipped)
+    if await behind_pooler(pool_or_connection):
+        _warn_pooled()
     return await _migrate(pool_or_connection, shipped)
+
+
+def _warn_pooled() -> None:
+    log.warning(
+        "pgfleet migrations run through a connection pooler: this needs session mode "
+        "(or a direct connection); in transaction mode, run them on the database's "
+        "own address"
+    )
 
 
 async def _migrate(conn: Any, shipped: list[Migration]) -> list[int]:

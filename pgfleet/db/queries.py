@@ -114,6 +114,9 @@ class Queries(QueryFile):
     ping: Query
     claim_session_begin: Query
     claim_session_end: Query
+    claim_transaction_begin: Query
+    claim_transaction_commit: Query
+    claim_transaction_rollback: Query
     job_release_unknown: Query
     queue_stats: Query
     workers_alive: Query

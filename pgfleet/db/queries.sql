@@ -380,6 +380,19 @@ SET plan_cache_mode = force_generic_plan; SET jit = off;
 -- name: claim_session_end :exec
 RESET enable_bitmapscan; RESET enable_seqscan; RESET plan_cache_mode; RESET jit;
 
+-- name: claim_transaction_begin :exec
+-- Behind a transaction-mode pooler no SET may outlive its transaction: the claim
+-- round gets claim_session_begin's planner settings in a transaction of its own
+-- (its statements are unnamed, so planned each time with their parameters: no
+-- plan_cache_mode; jit stays off all the same).
+BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off; SET LOCAL jit = off;
+
+-- name: claim_transaction_commit :exec
+COMMIT;
+
+-- name: claim_transaction_rollback :exec
+ROLLBACK;
+
 -- name: job_release_unknown :val
 -- After a lost connection the claim loop cannot tell whether its last claim
 -- committed. Any job the database says this worker holds but the worker is not

@@ -236,7 +236,11 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
     stopper.install()
     # min_size=0: a database that is down at start gives 503s, not a dead process.
     pool = await pgfleet.create_pool(
-        args.dsn, min_size=0, max_size=args.pool_size, timeout=CONNECT_TIMEOUT
+        args.dsn,
+        min_size=0,
+        max_size=args.pool_size,
+        timeout=CONNECT_TIMEOUT,
+        pgbouncer=bool(args.pgbouncer),
     )
     registry = CollectorRegistry()
     queue = make_queue(pool, args, config)

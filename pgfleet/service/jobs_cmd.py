@@ -43,10 +43,11 @@ class _Failure(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pgfleet.service.worker_cmd import add_dsn
+    from pgfleet.service.worker_cmd import add_dsn, add_pgbouncer
 
     common = argparse.ArgumentParser(add_help=False)
     add_dsn(common)
+    add_pgbouncer(common)
     common.add_argument("--json", action="store_true", help="print JSON instead of a table")
     sub = parser.add_subparsers(dest="jobs_command", required=True, metavar="ACTION")
     listing = sub.add_parser("list", parents=[common], help="the most recent jobs, newest first")
@@ -102,7 +103,13 @@ async def _run(args: argparse.Namespace) -> int:
     import pgfleet
 
     try:
-        pool = await pgfleet.create_pool(args.dsn, min_size=1, max_size=1, timeout=CONNECT_TIMEOUT)
+        pool = await pgfleet.create_pool(
+            args.dsn,
+            min_size=1,
+            max_size=1,
+            timeout=CONNECT_TIMEOUT,
+            pgbouncer=bool(getattr(args, "pgbouncer", False)),
+        )
     except Exception as exc:  # refused, unknown host, bad password, no such database
         raise _Failure(
             EXIT_DATABASE, f"cannot connect to the database: {exc or type(exc).__name__}"

@@ -29,7 +29,7 @@ HEALTHY_AFTER = 30.0
 
 #: Set by the supervisor itself; the DSN travels in the environment instead, so a
 #: password never shows in `ps`.
-_CHILD_OVERRIDES = {"processes", "metrics_port", "dsn"}
+_CHILD_OVERRIDES = {"processes", "metrics_port", "dsn", "listen_dsn"}
 
 
 def child_argv(args: argparse.Namespace, index: int) -> list[str]:
@@ -56,6 +56,13 @@ def child_argv(args: argparse.Namespace, index: int) -> list[str]:
         else:
             argv += [flag, str(value)]
     return argv
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    env = {**os.environ, "PGFLEET_DATABASE_URL": args.dsn}
+    if getattr(args, "listen_dsn", None):
+        env["PGFLEET_LISTEN_DATABASE_URL"] = args.listen_dsn
+    return env
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -85,6 +92,10 @@ class Supervisor:
         if _early_signals:  # stopped before the loop took over: start nothing
             self.stopping.set()
         log.info("supervising %d worker processes", self.count)
+        from pgfleet.service.worker_cmd import build_config, log_budget, pool_size_of
+
+        config = build_config(self.args)
+        log_budget(self.args, config, pool_size_of(self.args, config), self.count)
         results = await asyncio.gather(*(self._keep(i) for i in range(self.count)))
         failed = [code for code in results if code != 0]
         log.info("all worker processes stopped%s", f" ({len(failed)} unclean)" if failed else "")
@@ -110,7 +121,7 @@ class Supervisor:
             child = await asyncio.create_subprocess_exec(
                 *child_argv(self.args, index),
                 preexec_fn=_die_with_parent,
-                env={**os.environ, "PGFLEET_DATABASE_URL": self.args.dsn},
+                env=child_env(self.args),
             )
             self.children[index] = child
             log.info("worker process %d started (pid %d)", index, child.pid)

@@ -35,8 +35,24 @@ def add_dsn(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _flag(name: str) -> bool:
+    return str(env_default(name, "")).strip().lower() not in ("", "0", "false", "no")
+
+
+def add_pgbouncer(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--pgbouncer",
+        action="store_true",
+        default=_flag("PGBOUNCER"),
+        help="--dsn goes through a pooler in transaction mode (PgBouncer): no named "
+        "prepared statements, no session state, LISTEN only on --listen-dsn "
+        "[PGFLEET_PGBOUNCER]",
+    )
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     add_dsn(parser)
+    add_pgbouncer(parser)
     parser.add_argument(
         "--log-level",
         default=env_default("LOG_LEVEL", "info"),
@@ -149,6 +165,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=env_default("NO_LISTEN", "") not in ("", "0", "false"),
         help="do not LISTEN for wakeups; poll only [PGFLEET_NO_LISTEN]",
     )
+    parser.add_argument(
+        "--listen-dsn",
+        default=env_default("LISTEN_DATABASE_URL"),
+        help="a direct or session-mode connection string for LISTEN, held besides the "
+        "pool (with --pgbouncer; without it workers only poll) [PGFLEET_LISTEN_DATABASE_URL]",
+    )
 
 
 def _names(value: str | None) -> list[str] | None:
@@ -194,6 +216,8 @@ def build_config(args: argparse.Namespace) -> Any:
         database_timeout=number("database_timeout"),
         completion_flush_timeout=number("completion_flush_timeout"),
         listen=not args.no_listen,
+        pgbouncer=bool(args.pgbouncer),
+        listen_dsn=args.listen_dsn or None,
         vacuum=args.vacuum,
     )
 
@@ -277,14 +301,16 @@ async def serve(args: argparse.Namespace) -> int:
     config = build_config(args)
     registry = load_registry(args.app)
     crons = load_crons(args.crons)
-    pool_size = args.pool_size or min(config.concurrency + 4, 40)
+    pool_size = pool_size_of(args, config)
     stopper = Stopper()
     stopper.install()
     # min_size=0: a database that is down at start is retried by the worker, not fatal.
+    log_budget(args, config, pool_size)
     pool = await pgfleet.create_pool(
         args.dsn,
         min_size=0,
-        max_size=max(pool_size, 3),
+        max_size=pool_size,
+        pgbouncer=config.pgbouncer,
         release_timeout=config.seconds("database_timeout"),
     )
     server = None
@@ -303,6 +329,28 @@ async def serve(args: argparse.Namespace) -> int:
             await server.stop()
         await close_pool(pool)
     return 0
+
+
+def log_budget(args: argparse.Namespace, config: Any, pool_size: int, processes: int = 1) -> None:
+    """Say how many connections this process (or the supervisor's children) hold at
+    most: the fleet's sum is what the database or the pooler must allow."""
+    from pgfleet.db.pooler import connection_budget
+
+    if not config.listen or (config.pgbouncer and config.listen_dsn is None):
+        listener = "none"
+    elif config.listen_dsn is not None:
+        listener = "own"
+    else:
+        listener = "pool"
+    total, text = connection_budget(
+        pool_size=pool_size, listener=listener, metrics=bool(args.metrics_port), processes=processes
+    )
+    via = " through a transaction-mode pooler" if config.pgbouncer else ""
+    log.info("connection budget: at most %d connections%s: %s", total, via, text)
+
+
+def pool_size_of(args: argparse.Namespace, config: Any) -> int:
+    return max(int(args.pool_size) or min(config.concurrency + 4, 40), 3)
 
 
 def _metrics(args: argparse.Namespace, worker: Any, pool: Any, registry: Any, config: Any) -> Any:
