@@ -634,7 +634,8 @@ class Worker:
                 self._round_started = time.monotonic()
                 try:
                     if held is not None and held.closed():
-                        held = None  # closed under us; asyncpg has its slot back
+                        held.drop()  # closed under us: make sure its slot goes back
+                        held = None
                     reached = held is not None
                     async with asyncio.timeout(self._timeout):
                         if held is None:
@@ -706,6 +707,8 @@ class Worker:
                 else:
                     with contextlib.suppress(Exception):
                         await held.release(self._pool, min(self._timeout, 5.0))
+            elif held is not None:
+                held.drop()
 
     async def _claim(self, conn: Any, *args: Any) -> list[Any]:
         """One claim round's statement. Behind a transaction-mode pooler it runs in a

@@ -93,26 +93,27 @@ class Held:
         self.lost = True
 
     def closed(self) -> bool:
-        """True once the connection is gone (asyncpg may report it a moment after
-        the proxy was detached: ask the proxy too, without raising)."""
+        """True once the connection is gone. A connection can report itself closed
+        before asyncpg has cleaned it up and returned its slot: call ``drop`` then,
+        never just forget it (the slot would be lost, and ``pool.close()`` would
+        wait for it for ever)."""
         if self.lost:
             return True
         try:
-            closed = bool(self.conn.is_closed())
+            return bool(self.conn.is_closed())
         except Exception:  # detached from its connection: released by asyncpg
-            closed = True
-        if closed:
-            self.lost = True
-        return closed
+            return True
 
     def drop(self) -> None:
-        if not self.lost:
-            self.lost = True
-            drop(self.conn)
+        """Terminate the connection: asyncpg then returns its slot to the pool. On a
+        proxy asyncpg already detached this does nothing."""
+        self.lost = True
+        drop(self.conn)
 
     async def release(self, pool: Any, timeout: float) -> None:
         """Give the connection back, or drop it when it does not reset in time."""
-        if self.lost:
+        if self.closed():
+            self.drop()
             return
         with contextlib.suppress(Exception):
             self.conn.remove_termination_listener(self._on_terminated)
