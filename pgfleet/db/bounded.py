@@ -43,6 +43,10 @@ KEEPALIVE_COUNT = 3
 TCP_USER_TIMEOUT_MS = 30_000
 
 
+#: Seconds past a release's own bound before ``Held.release`` gives up on it.
+RELEASE_BACKSTOP = 2.0
+
+
 class DatabaseTimeout(DatabaseUnavailable, TimeoutError):
     """A database call did not finish within its bound; its connection was dropped."""
 
@@ -118,8 +122,11 @@ class Held:
         with contextlib.suppress(Exception):
             self.conn.remove_termination_listener(self._on_terminated)
         try:
-            async with asyncio.timeout(timeout):
-                await pool.release(self.conn)
+            # asyncpg bounds its own release (and terminates the connection past
+            # it); the outer bound is only a backstop. Cutting asyncpg's shielded
+            # release from outside would leave its task to fail unobserved.
+            async with asyncio.timeout(timeout + RELEASE_BACKSTOP):
+                await pool.release(self.conn, timeout=timeout)
         except BaseException:
             self.drop()
             raise
