@@ -23,6 +23,10 @@ class WorkerEvents:
         """A job was claimed and its handler is starting. ``pickup_delay`` is the
         claim time minus the time it became due, in seconds (database clock)."""
 
+    def jobs_claimed(self, count: int) -> None:
+        """A claim round took ``count`` jobs; their handlers start next (each
+        reports ``job_started``)."""
+
     def job_finished(self, job: Job, outcome: str, duration: float) -> None:
         """An attempt's outcome was written. ``outcome`` is one of OUTCOMES:
         ``cancelled`` means the job was taken away while running (rescued,

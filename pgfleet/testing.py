@@ -14,11 +14,12 @@ import uuid
 from typing import Any
 
 from pgfleet import _ids, context
+from pgfleet._runtime.outcomes import RunStats
 from pgfleet.errors import InvalidOptions, UnknownJobName
 from pgfleet.jobs import Job, JobStatus, validate_name
 from pgfleet.payloads import encode_payload
 from pgfleet.registry import Registry
-from pgfleet.worker import RunStats, Worker, WorkerConfig
+from pgfleet.worker import Worker, WorkerConfig
 
 __all__ = ["RunStats", "drain", "make_job", "run_job"]
 

@@ -16,6 +16,7 @@ from pgfleet import (
     Queue,
     Worker,
     WorkerConfig,
+    WorkerEvents,
     create_pool,
 )
 from pgfleet.cron import Outcome
@@ -53,20 +54,27 @@ async def test_cancelling_run_leaves_no_claim_loop_and_no_running_job(
     assert leftover and all(r["attempt"] == 0 and r["in_place"] for r in leftover)
 
 
-class CrashingWorker(Worker):
-    """A worker whose claim loop hits a bug after the first jobs started."""
+class CrashingEvents(WorkerEvents):
+    """Hits a bug in the claim loop (an event hook raising) once four jobs run."""
 
-    def _settle(self, batch, rows):  # type: ignore[no-untyped-def]
-        claimed = super()._settle(batch, rows)
-        if self.stats.claimed >= 4:
+    def __init__(self) -> None:
+        self.claimed = 0
+        self.crashed = False
+
+    def jobs_claimed(self, count: int) -> None:
+        self.claimed += count
+
+    def wakeup(self, source: str) -> None:
+        if self.claimed >= 4 and not self.crashed:
+            self.crashed = True
             raise RuntimeError("a bug in the claim loop")
-        return claimed
 
 
 async def test_a_crashed_claim_loop_still_drains_running_handlers(pool: asyncpg.Pool) -> None:
     queue = Queue(pool)
     await queue.enqueue_many([EnqueueRequest("long", {"s": 0.05}) for _ in range(4)])
-    worker = CrashingWorker(pool, runtime_app.registry, WorkerConfig(concurrency=4, **FAST))
+    events = CrashingEvents()
+    worker = Worker(pool, runtime_app.registry, WorkerConfig(concurrency=4, **FAST), events=events)
     with pytest.raises(RuntimeError, match="a bug in the claim loop"):
         await worker.run()
     counts = dict(
@@ -154,21 +162,21 @@ async def test_a_pool_too_small_for_a_worker_is_refused(database: str) -> None:
         await small.close()
 
 
-class CancelledRightAfterClaim(Worker):
-    """Cancels its own run() the moment a claim round has launched handler tasks,
-    so that the drain cancels tasks that have not taken their first step."""
+class CancelRunAfterClaim(WorkerEvents):
+    """Cancels the worker's run() the moment a claim round took jobs, so that the
+    drain cancels handler tasks that have not taken their first step."""
 
-    run_task: asyncio.Task[Any] | None = None
-    launched_unstarted = 0
+    def __init__(self) -> None:
+        self.run_task: asyncio.Task[Any] | None = None
+        self.launched_unstarted = 0
 
-    def _settle(self, batch, rows):  # type: ignore[no-untyped-def]
-        if rows and self.run_task is not None:
+    def jobs_claimed(self, count: int) -> None:
+        if self.run_task is not None:
             # Requested before the handler tasks exist, so the event loop runs the
             # cancelled run() (and its drain) before those tasks' first steps.
             self.run_task.cancel()
             self.run_task = None
-            self.launched_unstarted = len(rows)
-        return super()._settle(batch, rows)
+            self.launched_unstarted = count
 
 
 async def test_jobs_whose_tasks_were_cancelled_before_starting_are_handed_back(
@@ -176,12 +184,13 @@ async def test_jobs_whose_tasks_were_cancelled_before_starting_are_handed_back(
 ) -> None:
     await Queue(pool).enqueue_many([EnqueueRequest("record", {"n": i}) for i in range(5)])
     config = WorkerConfig(concurrency=5, completion_flush_timeout=5, **FAST)
-    worker = CancelledRightAfterClaim(pool, runtime_app.registry, config)
+    events = CancelRunAfterClaim()
+    worker = Worker(pool, runtime_app.registry, config, events=events)
     task = asyncio.create_task(worker.run())
-    worker.run_task = task
+    events.run_task = task
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert worker.launched_unstarted == 5
+    assert events.launched_unstarted == 5
     assert "could not write" not in caplog.text
     rows = await pool.fetch("SELECT status::text, attempt, locked_by FROM pgfleet.jobs")
     # Never started, so never attempted: all five are queued again, unlocked.

@@ -1,0 +1,404 @@
+"""The claim loop: one round trip per turn writes the outcomes of finished
+handlers and claims jobs for the free slots, on a connection it keeps."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from pgfleet._runtime.execution import Executor
+from pgfleet._runtime.outcomes import Outcome, RunStats
+from pgfleet.db import Q
+from pgfleet.db.boundary import is_connection_error
+from pgfleet.db.bounded import BoundedPool, Held
+from pgfleet.events import WorkerEvents
+from pgfleet.jobs import Job, JobStatus
+from pgfleet.payloads import storable_text
+
+log = logging.getLogger("pgfleet")
+
+
+def claimed_job(row: Any, worker_id: uuid.UUID) -> Job:
+    """The Job of a row the claim round took."""
+    payload = row["payload"]
+    return Job(
+        id=row["id"],
+        name=row["name"],
+        payload=None if payload is None else json.loads(payload),
+        status=JobStatus.RUNNING,
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        priority=row["priority"],
+        queue_name=row["queue_name"],
+        job_key=row["job_key"],
+        run_at=row["run_at"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        finished_at=None,
+        last_error=row["last_error"],
+        worker_id=worker_id,
+        lock_token=row["lock_token"],
+    )
+
+
+class ClaimLoop:
+    """Writes outcomes and claims jobs, batching both into one statement per round.
+
+    Every round is bounded by ``timeout``: a connection that does not answer is
+    dropped and the round retried on a new one. A round that fails for any other
+    reason has its outcomes written one by one, so that one outcome the database
+    refuses can never hold back the others.
+    """
+
+    def __init__(
+        self,
+        worker_id: uuid.UUID,
+        pool: Any,
+        db: BoundedPool,
+        executor: Executor,
+        *,
+        names: Sequence[str],
+        queue_names: Sequence[str] | None,
+        poll_interval: float,
+        timeout: float,
+        pooled: bool,
+        events: WorkerEvents,
+        stats: RunStats,
+    ) -> None:
+        self.worker_id = worker_id
+        self._pool = pool
+        self._db = db
+        self._executor = executor
+        self._names = list(names)
+        self._queue_names = None if queue_names is None else list(queue_names)
+        self._poll = poll_interval
+        self._timeout = timeout
+        self._pooled = pooled
+        self.events = events
+        self.stats = stats
+        #: Outcomes waiting for the next round.
+        self.outcomes: list[Outcome] = []
+        #: Set by the drain: claim nothing more, write what is left, then return.
+        self.stopping = False
+        #: Return (stopping) once a round leaves slots free and nothing runs.
+        self.burst = False
+        self._wake_event = asyncio.Event()
+        self._wake_source = "start"
+        #: Health, for readiness: consecutive failed rounds, when the current round
+        #: began (None between rounds), when the failures began.
+        self._failures = 0
+        self._unreachable = 0
+        self._round_started: float | None = None
+        self._failing_since: float | None = None
+
+    # ------------------------------------------------------------ signals
+
+    def wake(self, source: str) -> None:
+        if not self._wake_event.is_set():
+            self._wake_source = source
+            self._wake_event.set()
+
+    def add_outcome(self, outcome: Outcome) -> None:
+        """A handler finished: its outcome goes with the next round."""
+        self.outcomes.append(outcome)
+        self.wake("completion")
+
+    def health(self) -> str | None:
+        """None while the loop reaches the database, else why it does not."""
+        if self._failures:
+            return f"claim loop cannot reach the database ({self._failures} failed rounds)"
+        started = self._round_started
+        if started is not None:
+            waited = time.monotonic() - started
+            if waited > max(self._timeout / 3, 1.0):
+                return f"claim round waiting for the database for {waited:.0f}s"
+        return None
+
+    async def _wait(self, timeout: float | None) -> None:
+        if not self._wake_event.is_set():
+            if timeout is None:
+                await self._wake_event.wait()
+            else:
+                try:
+                    await asyncio.wait_for(self._wake_event.wait(), timeout)
+                except TimeoutError:
+                    self._wake_source = "poll"
+        self.events.wakeup(self._wake_source)
+
+    # ------------------------------------------------------------ the loop
+
+    async def run(self) -> None:
+        held: Held | None = None
+        idle = False
+        refused = 0
+        executor = self._executor
+        try:
+            while True:
+                if self.stopping and not executor.running and not self.outcomes:
+                    return
+                free = 0 if self.stopping else executor.free
+                if not self.outcomes:
+                    if free == 0:
+                        self._wake_event.clear()
+                        await self._wait(None)
+                        continue
+                    if idle:
+                        await self._wait(self._poll)
+                        idle = False
+                        continue
+                self._wake_event.clear()
+                batch, self.outcomes = self.outcomes, []
+                self._round_started = time.monotonic()
+                try:
+                    if held is not None and held.closed():
+                        held.drop()  # closed under us: make sure its slot goes back
+                        held = None
+                    reached = held is not None
+                    async with asyncio.timeout(self._timeout):
+                        if held is None:
+                            held = Held(await self._pool.acquire(timeout=self._timeout))
+                            if not self._pooled:
+                                await held.conn.execute(Q.claim_session_begin.sql)
+                            reached = True
+                            if self._failures:
+                                await self._release_unknown(held.conn, batch)
+                        rows = await self._claim(held.conn, batch, free)
+                except TimeoutError:
+                    await self._round_failed(batch, held, None, reached=False)
+                    held = None
+                    continue
+                except Exception as exc:
+                    if held is not None and not held.closed() and not is_connection_error(exc):
+                        # The database answered, and refused: not an outage.
+                        self._round_started = None
+                        refused += 1
+                        await self._isolate(held.conn, batch, exc, refused)
+                        await self.pause(min(30.0, 0.05 * 2 ** min(refused, 10)))
+                        continue
+                    await self._round_failed(batch, held, exc, reached=reached)
+                    held = None
+                    continue
+                self._round_started = None
+                refused = 0
+                if self._failures:
+                    assert self._failing_since is not None
+                    log.warning(
+                        "claim loop of worker %s reaches the database again after %.1fs "
+                        "(%d failed rounds)",
+                        self.worker_id,
+                        time.monotonic() - self._failing_since,
+                        self._failures,
+                    )
+                    self._failures = 0
+                    self._unreachable = 0
+                    self._failing_since = None
+                claimed = self._settle(batch, rows)
+                idle = claimed < free
+                if self.burst and idle and not executor.running and not self.outcomes:
+                    self.stopping = True
+                    return
+        finally:
+            if held is not None and self._round_started is not None:
+                held.drop()  # cut mid-round (flush timeout, cancellation): state unknown
+            self._round_started = None
+            if held is not None and not held.closed():
+                try:
+                    async with asyncio.timeout(min(self._timeout, 5.0)):
+                        if not self._pooled:
+                            await held.conn.execute(Q.claim_session_end.sql)
+                except BaseException:
+                    # Closed, not released: its session was not reset (and a live
+                    # connection kept out of the pool is one pool.close() waits for).
+                    held.drop()
+                else:
+                    with contextlib.suppress(Exception):
+                        await held.release(self._pool, min(self._timeout, 5.0))
+            elif held is not None:
+                held.drop()
+
+    async def _claim(self, conn: Any, batch: list[Outcome], free: int) -> list[Any]:
+        """One claim round's statement. Behind a transaction-mode pooler it runs in a
+        transaction of its own that carries the planner settings (SET LOCAL); a
+        direct connection has them on its session (claim_session_begin)."""
+        args = (
+            [o.job.id for o in batch],
+            [o.job.lock_token for o in batch],
+            [o.action for o in batch],
+            [o.delay for o in batch],
+            [o.error for o in batch],
+            self.worker_id,
+            self._names,
+            self._queue_names,
+            free,
+        )
+        if not self._pooled:
+            return list(await conn.fetch(Q.job_complete_and_claim.sql, *args))
+        await conn.execute(Q.claim_transaction_begin.sql)
+        try:
+            rows = await conn.fetch(Q.job_complete_and_claim.sql, *args)
+            await conn.execute(Q.claim_transaction_commit.sql)
+        except Exception:
+            if not conn.is_closed() and conn.is_in_transaction():
+                with contextlib.suppress(Exception):
+                    await conn.execute(Q.claim_transaction_rollback.sql)
+            raise
+        return list(rows)
+
+    async def _round_failed(
+        self, batch: list[Outcome], held: Held | None, exc: BaseException | None, *, reached: bool
+    ) -> None:
+        """The round's connection failed or hung: put its outcomes back, drop the
+        connection and retry after a backoff. Says so once, not every round.
+
+        A connection that was working and then closed (``reached``: a server
+        restart, pg_terminate_backend, a pooler recycling it) is replaced at once; the
+        backoff grows only while the database cannot be reached at all."""
+        for o in batch:
+            o.resent = True
+        self.outcomes[:0] = batch
+        if held is not None:
+            held.drop()
+        if exc is None:
+            await self._db.hang_detected("claim round")
+            reason = f"no answer within {self._timeout:g}s; connection dropped"
+        else:
+            reason = str(exc) or type(exc).__name__
+        self._failures += 1
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
+        if reached:
+            self._unreachable = 0
+            delay = 0.05
+        else:
+            self._unreachable += 1
+            delay = min(30.0, 0.05 * 2 ** min(self._unreachable, 10))
+        if self._failures == 1:
+            log.warning(
+                "claim round of worker %s failed (%s); retrying with backoff, the worker "
+                "is unready until the database answers",
+                self.worker_id,
+                reason,
+            )
+        else:
+            log.debug("claim round failed again (%s); retrying in %.2fs", reason, delay)
+        self._round_started = None
+        await self.pause(delay)
+
+    async def _isolate(
+        self, conn: Any, batch: list[Outcome], exc: BaseException, refused: int
+    ) -> None:
+        """Write a refused round's outcomes one at a time, claiming nothing. An
+        outcome the database refuses is replaced by a permanent failure that says
+        why, so its job ends instead of blocking every later round."""
+        if batch or refused == 1 or refused % 100 == 0:
+            log.error(
+                "claim round of worker %s was refused by the database (%s: %s)%s",
+                self.worker_id,
+                type(exc).__name__,
+                exc,
+                f"; writing its {len(batch)} outcomes one by one" if batch else "",
+            )
+        for index, o in enumerate(batch):
+            try:
+                rows = await self._write_one(conn, o)
+            except Exception as exc:
+                if is_connection_error(exc) or isinstance(exc, TimeoutError):
+                    for rest in batch[index:]:
+                        rest.resent = True
+                    self.outcomes[:0] = batch[index:]
+                    return
+                error = storable_text(
+                    f"pgfleet could not record this attempt's {o.label} outcome: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                log.error("job %s (%s): %s", o.job.id, o.job.name, error)
+                o.action, o.label, o.delay, o.error = "failed", "failed", 0.0, error
+                try:
+                    rows = await self._write_one(conn, o)
+                except Exception as again:
+                    log.error(
+                        "job %s (%s): its outcome cannot be written (%s); it stays running "
+                        "until this worker stops and the fleet recovers it",
+                        o.job.id,
+                        o.job.name,
+                        again,
+                    )
+                    continue
+            self._settle([o], rows)
+
+    async def _write_one(self, conn: Any, o: Outcome) -> list[Any]:
+        async with asyncio.timeout(self._timeout):
+            return list(
+                await conn.fetch(
+                    Q.job_complete_and_claim.sql,
+                    [o.job.id],
+                    [o.job.lock_token],
+                    [o.action],
+                    [o.delay],
+                    [o.error],
+                    self.worker_id,
+                    self._names,
+                    self._queue_names,
+                    0,
+                )
+            )
+
+    async def _release_unknown(self, conn: Any, batch: list[Outcome]) -> None:
+        known = (
+            list(self._executor.running)
+            + [o.job.id for o in batch]
+            + [o.job.id for o in self.outcomes]
+        )
+        released = await conn.fetchval(Q.job_release_unknown.sql, self.worker_id, known)
+        if released:
+            log.warning(
+                "released %d jobs claimed by a round whose answer was lost with the connection",
+                released,
+            )
+
+    async def pause(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+
+    def _settle(self, batch: list[Outcome], rows: list[Any]) -> int:
+        """Report the round's written outcomes and start the jobs it claimed."""
+        applied: set[uuid.UUID] = set()
+        jobs: list[Job] = []
+        for row in rows:
+            if row["claimed"]:
+                jobs.append(claimed_job(row, self.worker_id))
+            else:
+                applied.add(row["id"])
+        stats, events = self.stats, self.events
+        for o in batch:
+            job = o.job
+            # A resent outcome not applied now was most likely applied by the round
+            # that first carried it, which committed before its connection dropped.
+            if job.id in applied or o.resent:
+                stats.count(job.name, o.label)
+                events.job_finished(job, o.label, o.duration)
+            else:
+                log.warning(
+                    "job %s (%s) was taken away while running (recovered, or completed or "
+                    "failed by an operator): its %s outcome was discarded",
+                    job.id,
+                    job.name,
+                    o.label,
+                )
+                stats.count(job.name, "cancelled")
+                events.job_finished(job, "cancelled", o.duration)
+        if jobs:
+            stats.claimed += len(jobs)
+            events.jobs_claimed(len(jobs))
+            if self.stopping:
+                # Claimed by a round that was in flight when the drain began: hand
+                # them straight back, their attempts not counted, instead of starting.
+                self.outcomes.extend(Outcome.aborted(job) for job in jobs)
+            else:
+                self._executor.launch(jobs)
+        return len(jobs)

@@ -1,0 +1,63 @@
+"""What a handler's attempt produced, on its way to the database, and the tally
+of what was written."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pgfleet.jobs import Job
+
+#: What the database does with an attempt (the ``kind`` column of the claim round's
+#: outcome list): the job succeeded, failed for good, is retried later, or is handed
+#: back at shutdown without its attempt counted.
+ACTIONS = ("succeeded", "failed", "retry", "aborted")
+
+
+class Outcome:
+    """A finished attempt waiting to be written by the next claim round."""
+
+    __slots__ = ("action", "delay", "duration", "error", "job", "label", "resent")
+
+    def __init__(
+        self,
+        job: Job,
+        action: str,
+        label: str,
+        duration: float,
+        delay: float = 0.0,
+        error: str | None = None,
+    ) -> None:
+        self.job = job
+        #: What the database does: one of ACTIONS.
+        self.action = action
+        #: What the events report: succeeded / retried / failed / aborted.
+        self.label = label
+        self.duration = duration
+        self.delay = delay
+        self.error = error
+        #: Carried by a round whose answer was lost: it may already be applied.
+        self.resent = False
+
+    @classmethod
+    def aborted(cls, job: Job, duration: float = 0.0) -> Outcome:
+        """Handed back at shutdown: requeued in place, its attempt not counted."""
+        return cls(job, "aborted", "aborted", duration)
+
+
+@dataclass
+class RunStats:
+    """What one ``Worker.run`` did, by outcome (as written to the database)."""
+
+    claimed: int = 0
+    succeeded: int = 0
+    retried: int = 0
+    failed: int = 0
+    aborted: int = 0
+    cancelled: int = 0
+    rescued: int = 0
+    by_name: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def count(self, name: str, outcome: str) -> None:
+        setattr(self, outcome, getattr(self, outcome) + 1)
+        per = self.by_name.setdefault(name, {})
+        per[outcome] = per.get(outcome, 0) + 1
