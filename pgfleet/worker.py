@@ -17,7 +17,7 @@ from typing import Any
 
 from pgfleet import context
 from pgfleet._runtime.claimer import ClaimLoop
-from pgfleet._runtime.execution import Executor
+from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet._runtime.services import Heartbeat, Identity, Maintenance
@@ -267,7 +267,7 @@ class Worker:
         self._poll = cfg.seconds("poll_interval")
         self._state: context.WorkerState | None = None
         self.stats = RunStats()
-        self._executor = Executor(
+        self._executor = JobRunner(
             registry,
             concurrency=cfg.concurrency,
             default_timeout=cfg.optional_seconds("default_timeout"),

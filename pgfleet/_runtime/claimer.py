@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from pgfleet._runtime.execution import Executor
+from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet.db import Q
 from pgfleet.db.boundary import is_connection_error
@@ -61,7 +61,7 @@ class ClaimLoop:
         worker_id: uuid.UUID,
         pool: Any,
         db: BoundedPool,
-        executor: Executor,
+        executor: JobRunner,
         *,
         names: Sequence[str],
         queue_names: Sequence[str] | None,

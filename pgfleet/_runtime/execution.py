@@ -55,7 +55,7 @@ class _Deadline:
             self.handle.cancel()
 
 
-class Executor:
+class JobRunner:
     """Runs the handlers of ``registry``; ``on_outcome`` receives each attempt's
     outcome (on the event loop, from the task's done callback)."""
 
