@@ -4,6 +4,7 @@ Delivery is at-least-once: make handlers idempotent (see the README).
 """
 
 from pgfleet._runtime.outcomes import RunStats
+from pgfleet.config import WorkerConfig
 from pgfleet.context import current_job, is_shutting_down, shutdown_requested, worker_started_at
 from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday
 from pgfleet.db.migrate import Migration, migrate, migration_script, migrations
@@ -35,7 +36,7 @@ from pgfleet.jobs import (
 )
 from pgfleet.queue import NotifyMode, Queue, create_pool
 from pgfleet.registry import Registry
-from pgfleet.worker import Worker, WorkerConfig
+from pgfleet.worker import Worker
 
 __version__ = "0.1.0"
 

@@ -6,13 +6,10 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import math
 import threading
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from dataclasses import dataclass
-from datetime import timedelta
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pgfleet import context
@@ -21,14 +18,15 @@ from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet._runtime.services import Heartbeat, Identity, Maintenance
+from pgfleet.config import WorkerConfig as WorkerConfig  # still importable from here
 from pgfleet.db import Q
 from pgfleet.db.boundary import is_connection_error
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, bounded
+from pgfleet.db.bounded import bounded
 from pgfleet.db.migrate import check_schema
 from pgfleet.db.pooler import LazyPool
 from pgfleet.errors import InvalidOptions, SchemaNotReady
 from pgfleet.events import WorkerEvents
-from pgfleet.jobs import Job, validate_name
+from pgfleet.jobs import Job
 from pgfleet.registry import Registry
 
 __all__ = ["RunStats", "Worker", "WorkerConfig"]
@@ -39,145 +37,6 @@ log = logging.getLogger("pgfleet")
 DEREGISTER_TIMEOUT = 3.0
 #: The claim loop and the listener each hold one; heartbeat and maintenance share one.
 _MIN_POOL_SIZE = 3
-
-
-def _seconds(
-    value: float | timedelta | None, what: str, *, allow_none: bool = False
-) -> float | None:
-    if value is None:
-        if allow_none:
-            return None
-        raise InvalidOptions(f"{what} is required")
-    if isinstance(value, timedelta):
-        value = value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidOptions(f"{what} must be a number of seconds or a timedelta, got {value!r}")
-    if value <= 0:
-        raise InvalidOptions(f"{what} must be positive, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    """How a worker runs. Durations are seconds (int/float) or ``timedelta``."""
-
-    #: Handlers running at once in this worker.
-    concurrency: int = 16
-    #: How often an idle claim loop polls, whatever notifications do.
-    poll_interval: float | timedelta = 2.0
-    #: Job names this worker serves (default: every name in the registry).
-    job_names: Collection[str] | None = None
-    #: Named queues this worker serves (default: all jobs, named or not).
-    queue_names: Collection[str] | None = None
-    #: Time running handlers get to finish at shutdown before they are cancelled
-    #: and their jobs requeued.
-    shutdown_grace_period: float | timedelta = 30.0
-    heartbeat_interval: float | timedelta = 5.0
-    #: A worker whose heartbeat is older than this is dead: its jobs are recovered.
-    dead_worker_timeout: float | timedelta = 30.0
-    #: Finished jobs older than this are pruned in the background; None keeps all.
-    finished_job_retention: float | timedelta | None = timedelta(days=30)
-    prune_interval: float | timedelta = 60.0
-    prune_batch_size: int = 1000
-    #: Retry delay after attempt n: min(cap, base * 2**(n-1)) plus up to jitter * delay.
-    backoff_base: float | timedelta = 1.0
-    backoff_cap: float | timedelta = 3600.0
-    backoff_jitter: float = 0.2
-    #: Handler timeout unless the handler sets its own; None means no timeout.
-    default_timeout: float | timedelta | None = 600.0
-    #: LISTEN for wakeups (polling runs either way).
-    listen: bool = True
-    #: Take part in the election of the worker that runs fleet-wide maintenance.
-    lead: bool = True
-    #: Let the leader VACUUM (ANALYZE) the jobs table when dead tuples pile up:
-    #: "auto" only when autovacuum is off for it, "always", or "never".
-    vacuum: str = "auto"
-    vacuum_interval: float | timedelta = 60.0
-    #: Dead tuples below this (or below a fifth of the live ones) are left alone.
-    vacuum_min_dead_tuples: int = 10_000
-    #: Cron schedules are checked at least this often (and just after each
-    #: occurrence); interval schedules shorter than this are capped to it.
-    cron_poll_interval: float | timedelta = 5.0
-    #: At shutdown, how long to keep trying to write outcomes to an unreachable
-    #: database (jobs whose outcome was not written are recovered by the fleet).
-    completion_flush_timeout: float | timedelta = 10.0
-    #: Longest any database call of the runtime may take (claim round, heartbeat,
-    #: listener, rescue, prune, cron, metrics), waiting for a connection included.
-    #: A connection that does not answer in time is dropped and replaced.
-    database_timeout: float | timedelta = DEFAULT_DATABASE_TIMEOUT
-    #: The pool reaches the database through a pooler in transaction mode
-    #: (PgBouncer ``pool_mode = transaction``): no session state is kept between
-    #: transactions, and LISTEN runs only on ``listen_dsn`` (polling without it).
-    #: Pair it with ``create_pool(..., pgbouncer=True)``.
-    pgbouncer: bool = False
-    #: Connection string of a direct or session-mode connection for LISTEN. The
-    #: listener then holds one connection of its own instead of one of the pool's.
-    listen_dsn: str | None = None
-
-    def __post_init__(self) -> None:
-        c = self.concurrency
-        if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 10_000:
-            raise InvalidOptions(f"concurrency must be an integer from 1 to 10000, got {c!r}")
-        for name in (
-            "poll_interval",
-            "shutdown_grace_period",
-            "heartbeat_interval",
-            "dead_worker_timeout",
-            "prune_interval",
-            "backoff_base",
-            "backoff_cap",
-            "cron_poll_interval",
-            "completion_flush_timeout",
-            "vacuum_interval",
-            "database_timeout",
-        ):
-            object.__setattr__(self, name, _seconds(getattr(self, name), name))
-        if self.listen_dsn is not None and (
-            not isinstance(self.listen_dsn, str) or not self.listen_dsn.strip()
-        ):
-            raise InvalidOptions(
-                f"listen_dsn must be a non-empty connection string, got {self.listen_dsn!r}"
-            )
-        for name in ("finished_job_retention", "default_timeout"):
-            object.__setattr__(self, name, _seconds(getattr(self, name), name, allow_none=True))
-        if self.dead_worker_timeout < 2 * self.heartbeat_interval:  # type: ignore[operator]
-            raise InvalidOptions(
-                f"dead_worker_timeout ({self.dead_worker_timeout}s) must be at least twice "
-                f"heartbeat_interval ({self.heartbeat_interval}s), or live workers look dead"
-            )
-        if self.backoff_cap < self.backoff_base:  # type: ignore[operator]
-            raise InvalidOptions("backoff_cap must be at least backoff_base")
-        j = self.backoff_jitter
-        if isinstance(j, bool) or not isinstance(j, int | float) or not 0 <= j <= 1:
-            raise InvalidOptions(f"backoff_jitter must be between 0 and 1, got {j!r}")
-        if self.vacuum not in ("auto", "always", "never"):
-            raise InvalidOptions(f"vacuum must be 'auto', 'always' or 'never', got {self.vacuum!r}")
-        v = self.vacuum_min_dead_tuples
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise InvalidOptions(
-                f"vacuum_min_dead_tuples must be a non-negative integer, got {v!r}"
-            )
-        b = self.prune_batch_size
-        if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 100_000:
-            raise InvalidOptions(f"prune_batch_size must be from 1 to 100000, got {b!r}")
-        for name in ("job_names", "queue_names"):
-            names = getattr(self, name)
-            if names is None:
-                continue
-            if isinstance(names, str) or not isinstance(names, Collection):
-                raise InvalidOptions(f"{name} must be a collection of names, not {names!r}")
-            what = "job name" if name == "job_names" else "queue name"
-            object.__setattr__(self, name, frozenset(validate_name(n, what) for n in names))
-
-    def seconds(self, name: str) -> float:
-        value = getattr(self, name)
-        assert isinstance(value, float)
-        return value
-
-    def optional_seconds(self, name: str) -> float | None:
-        value = getattr(self, name)
-        assert value is None or isinstance(value, float)
-        return value
 
 
 class _Fanout(WorkerEvents):

@@ -19,7 +19,19 @@ from typing import Any
 
 from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, BoundedPool
 from pgfleet.errors import PgfleetError
-from pgfleet.service.worker_cmd import add_common, configure_logging, env_default, install_uvloop
+from pgfleet.queue import NotifyMode, Queue, create_pool
+from pgfleet.service import console_flags
+from pgfleet.service.apps import AppError, load_registry
+from pgfleet.service.flags import add_common
+from pgfleet.service.process import (
+    NO_DATABASE,
+    Stopper,
+    catch_early_signals,
+    configure_logging,
+    env_default,
+    env_flag,
+    install_uvloop,
+)
 
 log = logging.getLogger("pgfleet")
 
@@ -124,18 +136,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--no-payload-check",
         action="store_true",
-        default=env_default("API_NO_PAYLOAD_CHECK", "") not in ("", "0", "false"),
+        default=env_flag("API_NO_PAYLOAD_CHECK"),
         help="with --app, accept payloads that do not decode into their handler's "
         "declared type (by default they are refused with 422) [PGFLEET_API_NO_PAYLOAD_CHECK]",
     )
     parser.add_argument(
         "--strict",
         action="store_true",
-        default=env_default("API_STRICT", "") not in ("", "0", "false"),
+        default=env_flag("API_STRICT"),
         help="refuse job names the --app registry has no handler for [PGFLEET_API_STRICT]",
     )
-    from pgfleet.service import console_flags
-
     console_flags.add_arguments(parser)
 
 
@@ -146,7 +156,7 @@ def _check(args: argparse.Namespace) -> None:
         return SystemExit(f"pgfleet api: {message}")
 
     if not args.dsn:
-        raise fail("no database: pass --dsn or set PGFLEET_DATABASE_URL")
+        raise fail(NO_DATABASE)
     for flag, _env, _default, low, high, _text in _INTEGERS:
         name = flag[2:].replace("-", "_")
         value = getattr(args, name)
@@ -175,8 +185,6 @@ def _check(args: argparse.Namespace) -> None:
         raise fail("--auth-token is empty: give a token or leave it unset")
     if args.metrics_port and args.metrics_port == args.port and args.metrics_host == args.host:
         raise fail("--metrics-port must differ from --port: metrics are not served on the API")
-    from pgfleet.queue import NotifyMode
-
     modes = [mode.value for mode in NotifyMode]
     if args.notify not in modes:
         raise fail(f"--notify must be one of {', '.join(modes)}, got {args.notify!r}")
@@ -185,13 +193,11 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def build_config(args: argparse.Namespace) -> Any:
-    from pgfleet.service.api import ApiConfig
+    from pgfleet.service.api import ApiConfig  # lazy: optional extra (aiohttp)
 
     known = None
     decoders = None
     if args.app:
-        from pgfleet.service.apps import load_registry
-
         app = load_registry(args.app)
         if args.strict:
             known = frozenset(app.names())
@@ -212,8 +218,6 @@ def build_config(args: argparse.Namespace) -> Any:
 
 def make_queue(pool: Any, args: argparse.Namespace, config: Any) -> Any:
     """The API's Queue: its limits and the ``--notify`` mode."""
-    from pgfleet.queue import NotifyMode, Queue
-
     return Queue(
         BoundedPool(pool, args.database_timeout),
         notify=NotifyMode(args.notify),
@@ -224,18 +228,20 @@ def make_queue(pool: Any, args: argparse.Namespace, config: Any) -> Any:
 
 async def serve(args: argparse.Namespace, config: Any) -> int:
     """Run the API until signalled and drained. Returns the exit code."""
+    # lazy: optional dependencies (prometheus_client and aiohttp, the service extra)
     from prometheus_client import CollectorRegistry
 
-    import pgfleet
-    from pgfleet.service.api import ApiMetrics, JobsApi
-    from pgfleet.service.http import Server, metrics_server
-    from pgfleet.service.metrics import ProcessMetrics, QueueStats
-    from pgfleet.service.worker_cmd import Stopper
+    from pgfleet.service.api import ApiMetrics, JobsApi  # lazy: optional extra (aiohttp)
+    from pgfleet.service.http import Server, metrics_server  # lazy: optional extra (aiohttp)
+    from pgfleet.service.metrics import (  # lazy: optional extra (prometheus_client)
+        ProcessMetrics,
+        QueueStats,
+    )
 
     stopper = Stopper()
     stopper.install()
     # min_size=0: a database that is down at start gives 503s, not a dead process.
-    pool = await pgfleet.create_pool(
+    pool = await create_pool(
         args.dsn,
         min_size=0,
         max_size=args.pool_size,
@@ -249,16 +255,12 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
     # coming while every worker is down, which is when they matter most.
     kinds: Any = config.known_names
     if kinds is None and args.app:
-        from pgfleet.service.apps import load_registry
-
         kinds = load_registry(args.app).names()
     stats = QueueStats(BoundedPool(pool, args.database_timeout), kinds or ())
     registry.register(stats)
     api = JobsApi(queue, config, ApiMetrics(registry))
     servers: list[Server] = []
     app = api.application()
-    from pgfleet.service import console_flags
-
     console = console_flags.build(args, config.auth_token, stats.holder)
     if console is not None:
         await console.attach(app, args.dsn, args.database_timeout)
@@ -295,12 +297,10 @@ async def _close(pool: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from pgfleet.service.worker_cmd import catch_early_signals
-
     catch_early_signals()
     configure_logging(args.log_level)
     _check(args)
-    from pgfleet.service.apps import AppError
+    # lazy: optional extra (http imports aiohttp); needed only to name its error
     from pgfleet.service.http import PortInUse
 
     try:

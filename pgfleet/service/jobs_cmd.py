@@ -24,6 +24,9 @@ from pgfleet.errors import (
     ValidationError,
 )
 from pgfleet.jobs import JobStatus
+from pgfleet.queue import Queue, create_pool
+from pgfleet.service.flags import add_dsn, add_pgbouncer
+from pgfleet.service.process import NO_DATABASE, dsn_problem
 from pgfleet.service.views import job_view, worker_view
 
 EXIT_OK = 0
@@ -43,8 +46,6 @@ class _Failure(Exception):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from pgfleet.service.worker_cmd import add_dsn, add_pgbouncer
-
     common = argparse.ArgumentParser(add_help=False)
     add_dsn(common)
     add_pgbouncer(common)
@@ -83,16 +84,13 @@ def _limit(text: str) -> int:
 
 def main(args: argparse.Namespace) -> int:
     """Run one action; print errors to stderr; return the exit code."""
-    from pgfleet.cli import check_dsn
-
     action = args.jobs_command
     try:
         if not args.dsn:
-            raise _Failure(EXIT_USAGE, "no database: pass --dsn or set PGFLEET_DATABASE_URL")
-        try:
-            check_dsn(args.dsn, f"jobs {action}")
-        except SystemExit as exc:
-            raise _Failure(EXIT_USAGE, str(exc).removeprefix(f"pgfleet jobs {action}: ")) from None
+            raise _Failure(EXIT_USAGE, NO_DATABASE)
+        problem = dsn_problem(args.dsn)
+        if problem:
+            raise _Failure(EXIT_USAGE, problem)
         return asyncio.run(_run(args))
     except _Failure as exc:
         print(f"pgfleet jobs {action}: {exc}", file=sys.stderr)
@@ -100,10 +98,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace) -> int:
-    import pgfleet
-
     try:
-        pool = await pgfleet.create_pool(
+        pool = await create_pool(
             args.dsn,
             min_size=1,
             max_size=1,
@@ -114,7 +110,7 @@ async def _run(args: argparse.Namespace) -> int:
         raise _Failure(
             EXIT_DATABASE, f"cannot connect to the database: {exc or type(exc).__name__}"
         ) from None
-    queue = pgfleet.Queue(pool)
+    queue = Queue(pool)
     try:
         await _ACTIONS[args.jobs_command](queue, args)
     except JobNotFound as exc:

@@ -10,7 +10,6 @@ also told to drain if the supervisor itself dies.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import ctypes
@@ -19,6 +18,9 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Mapping
+
+from pgfleet.service.process import install_uvloop, stopped_early
 
 log = logging.getLogger("pgfleet")
 
@@ -26,43 +28,6 @@ RESTART_BASE = 0.5
 RESTART_CAP = 30.0
 #: A child that lived this long resets the restart backoff.
 HEALTHY_AFTER = 30.0
-
-#: Set by the supervisor itself; the DSN travels in the environment instead, so a
-#: password never shows in `ps`.
-_CHILD_OVERRIDES = {"processes", "metrics_port", "dsn", "listen_dsn"}
-
-
-def child_argv(args: argparse.Namespace, index: int) -> list[str]:
-    """The command line of child ``index``: every option of the parent, with one
-    process and its own metrics port."""
-    from pgfleet.service.worker_cmd import add_arguments
-
-    worker = argparse.ArgumentParser(add_help=False)
-    add_arguments(worker)
-    argv = [sys.executable, "-m", "pgfleet", "worker", "--processes", "1"]
-    port = int(args.metrics_port)
-    argv += ["--metrics-port", str(port + index if port else 0)]
-    for action in worker._actions:
-        dest = action.dest
-        if dest in _CHILD_OVERRIDES or dest == "help" or not action.option_strings:
-            continue
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        flag = action.option_strings[-1]
-        if action.nargs == 0:  # store_true
-            if value:
-                argv.append(flag)
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def child_env(args: argparse.Namespace) -> dict[str, str]:
-    env = {**os.environ, "PGFLEET_DATABASE_URL": args.dsn}
-    if getattr(args, "listen_dsn", None):
-        env["PGFLEET_LISTEN_DATABASE_URL"] = args.listen_dsn
-    return env
 
 
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
@@ -75,10 +40,26 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child before e
             libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+#: The command line of child ``index``.
+Command = Callable[[int], list[str]]
+
+
 class Supervisor:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        self.count = int(args.processes)
+    """Keeps ``count`` children running: ``command(i)`` started with ``env``.
+
+    It knows nothing of what the children are: the caller says how to start them."""
+
+    def __init__(
+        self,
+        count: int,
+        command: Command,
+        env: Mapping[str, str],
+        on_start: Callable[[], None] | None = None,
+    ) -> None:
+        self.count = count
+        self.command = command
+        self.env = dict(env)
+        self.on_start = on_start
         self.children: dict[int, asyncio.subprocess.Process] = {}
         self.stopping = asyncio.Event()
         self.restarts = 0
@@ -87,15 +68,11 @@ class Supervisor:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
-        from pgfleet.service.worker_cmd import _early_signals
-
-        if _early_signals:  # stopped before the loop took over: start nothing
+        if stopped_early():  # stopped before the loop took over: start nothing
             self.stopping.set()
         log.info("supervising %d worker processes", self.count)
-        from pgfleet.service.worker_cmd import build_config, log_budget, pool_size_of
-
-        config = build_config(self.args)
-        log_budget(self.args, config, pool_size_of(self.args, config), self.count)
+        if self.on_start is not None:
+            self.on_start()
         results = await asyncio.gather(*(self._keep(i) for i in range(self.count)))
         failed = [code for code in results if code != 0]
         log.info("all worker processes stopped%s", f" ({len(failed)} unclean)" if failed else "")
@@ -119,9 +96,9 @@ class Supervisor:
                 return 0
             started = time.monotonic()
             child = await asyncio.create_subprocess_exec(
-                *child_argv(self.args, index),
+                *self.command(index),
                 preexec_fn=_die_with_parent,
-                env=child_env(self.args),
+                env=self.env,
             )
             self.children[index] = child
             log.info("worker process %d started (pid %d)", index, child.pid)
@@ -160,8 +137,13 @@ def _describe(code: int) -> str:
     return f"exit code {code}"
 
 
-def supervise(args: argparse.Namespace) -> int:
-    from pgfleet.service.worker_cmd import install_uvloop
-
+def supervise(
+    count: int,
+    command: Command,
+    env: Mapping[str, str],
+    on_start: Callable[[], None] | None = None,
+) -> int:
+    """Run and keep running ``count`` children until SIGTERM/SIGINT; returns the exit
+    code. ``on_start`` runs once the supervisor's loop is up, before any child."""
     install_uvloop()
-    return asyncio.run(Supervisor(args).run())
+    return asyncio.run(Supervisor(count, command, env, on_start).run())

@@ -8,7 +8,7 @@ import pytest
 
 from pgfleet import InvalidOptions, WorkerConfig
 from pgfleet.db.pooler import connection_budget
-from pgfleet.service import supervisor, worker_cmd
+from pgfleet.service import worker_cmd
 
 
 def _args(monkeypatch: pytest.MonkeyPatch, *argv: str, **env: str) -> argparse.Namespace:
@@ -32,10 +32,10 @@ def test_environment_sets_them(monkeypatch: pytest.MonkeyPatch) -> None:
     config = worker_cmd.build_config(args)
     assert config.pgbouncer and config.listen_dsn == "postgresql://secret:pw@direct/db"
     # Children get the listen DSN through the environment, never on the command line.
-    argv = supervisor.child_argv(args, 0)
+    argv = worker_cmd.child_argv(args, 0)
     assert "--pgbouncer" in argv
     assert not any("secret" in part for part in argv)
-    assert supervisor.child_env(args)["PGFLEET_LISTEN_DATABASE_URL"].endswith("@direct/db")
+    assert worker_cmd.child_env(args)["PGFLEET_LISTEN_DATABASE_URL"].endswith("@direct/db")
 
 
 @pytest.mark.parametrize("value", ["", "  ", 5])

@@ -36,7 +36,7 @@ from pgfleet.errors import (
     ValidationError,
 )
 from pgfleet.jobs import JobStatus, validate_name
-from pgfleet.queue import Queue
+from pgfleet.queue import Queue, create_pool
 from pgfleet.service.console import pages
 from pgfleet.service.console.auth import (
     COOKIE_PATH,
@@ -133,9 +133,7 @@ class Console:
         Every call of the console is bounded by ``database_timeout`` seconds."""
 
         async def open_pool(_app: web.Application) -> None:
-            import pgfleet
-
-            pool = await pgfleet.create_pool(
+            pool = await create_pool(
                 dsn,
                 min_size=0,
                 max_size=self.config.pool_size,
