@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from pgfleet import context
+from pgfleet._runtime.cron_runner import CronService
 from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.services import Heartbeat, Identity, Maintenance
 from pgfleet._runtime.tracing import job_span
@@ -298,10 +299,8 @@ class Worker:
             None if self.config.queue_names is None else sorted(self.config.queue_names)
         )
         self._crons = list(crons)
-        self._cron_service: Any = None
+        self._cron_service: CronService | None = None
         if self._crons:
-            from pgfleet.cron import CronService
-
             self._cron_service = CronService(self._db, registry, self._crons, self.config)
         cfg = self.config
         self._concurrency = cfg.concurrency
