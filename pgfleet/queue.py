@@ -15,7 +15,7 @@ from pgfleet import _ids
 from pgfleet.db import pool as pools
 from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, tune_socket
 from pgfleet.db.store import Store
-from pgfleet.db.types import Connection, Pool
+from pgfleet.db.types import AppPool, Connection
 from pgfleet.errors import (
     DuplicateJobKey,
     InvalidJobState,
@@ -127,7 +127,7 @@ class Queue:
 
     def __init__(
         self,
-        pool: Pool,
+        pool: AppPool,
         *,
         notify: NotifyMode | str = NotifyMode.COALESCED,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -163,7 +163,7 @@ class Queue:
         self.on_enqueued: Callable[[str, int], None] | None = None
 
     @property
-    def pool(self) -> Pool:
+    def pool(self) -> AppPool:
         return self._pool
 
     # ------------------------------------------------------------ enqueue

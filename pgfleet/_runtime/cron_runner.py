@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from pgfleet._runtime.services import Periodic
 from pgfleet.cron import CronJob, seconds_text
 from pgfleet.db.store import CronState, Store
-from pgfleet.db.types import Pool
+from pgfleet.db.types import AppPool
 from pgfleet.errors import InvalidOptions, PayloadDecodeError
 from pgfleet.occurrences import (
     aware,
@@ -88,7 +88,7 @@ class CronService(Periodic):
 
     def __init__(
         self,
-        pool: Pool,
+        pool: AppPool,
         registry: Registry,
         crons: Sequence[Any],
         config: Settings,

@@ -9,12 +9,21 @@ without a common base class (asyncpg has none).
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from asyncpg import Record
 from asyncpg.transaction import Transaction
 
-__all__ = ["Connection", "Executor", "Pool", "Record"]
+if TYPE_CHECKING:
+    import asyncpg
+
+    from pgfleet.db.bounded import BoundedPool
+
+__all__ = ["AppPool", "Connection", "Executor", "Pool", "Record"]
+
+#: The pool an application hands pgfleet: asyncpg's (``create_pool``'s is one), or
+#: one wrapped in a BoundedPool.
+AppPool: TypeAlias = "asyncpg.Pool[Record] | BoundedPool"
 
 
 class Executor(Protocol):

@@ -9,7 +9,7 @@ from datetime import datetime
 from uuid import UUID
 
 from pgfleet.db.store import KindStats, Store
-from pgfleet.db.types import Pool, Record
+from pgfleet.db.types import AppPool, Record
 from pgfleet.jobs import JobStatus, WorkerInfo, validate_name
 from pgfleet.queue import Queue
 
@@ -74,7 +74,7 @@ class Overview:
 class ConsoleData:
     """What the console asks the data layer."""
 
-    def __init__(self, pool: Pool, queue: Queue, window: int = 10_000) -> None:
+    def __init__(self, pool: AppPool, queue: Queue, window: int = 10_000) -> None:
         self.pool = pool
         self.store = Store(pool)
         self.queue = queue
