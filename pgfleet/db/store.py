@@ -682,8 +682,3 @@ class Store:
     async def console_crons(self) -> list[Record]:
         with _CONSOLE:
             return await self.db.fetch(CQ.console_crons.sql)
-
-
-def store_of(db: Executor | Store) -> Store:
-    """``db`` as a Store (the same one when it is one)."""
-    return db if isinstance(db, Store) else Store(db)

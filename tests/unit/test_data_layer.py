@@ -4,7 +4,12 @@
 from __future__ import annotations
 
 import re
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+
+from pgfleet import JobStatus
+from pgfleet.db.store import claimed_job
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pgfleet"
 
@@ -59,3 +64,29 @@ def test_the_pattern_sees_the_calls_it_must() -> None:
     ):
         assert CALL.search(line), line
     assert not CALL.search(NOT_SQL.sub("", "ctx = contextvars.copy_context()"))
+
+
+def test_a_claimed_row_becomes_a_running_job_of_the_claiming_worker() -> None:
+    worker, token = uuid.uuid4(), uuid.uuid4()
+    now = datetime.now(UTC)
+    row: dict[str, object] = {
+        "claimed": True,
+        "id": uuid.uuid4(),
+        "name": "send",
+        "payload": '{"to": "a@b"}',
+        "attempt": 1,
+        "max_attempts": 3,
+        "priority": 0,
+        "queue_name": None,
+        "job_key": "k",
+        "run_at": now,
+        "created_at": now,
+        "started_at": now,
+        "last_error": None,
+        "lock_token": token,
+    }
+    job = claimed_job(row, worker)  # type: ignore[arg-type]  # a Record reads the same
+    assert job.status is JobStatus.RUNNING
+    assert job.payload == {"to": "a@b"}
+    assert (job.worker_id, job.lock_token, job.finished_at) == (worker, token, None)
+    assert (job.name, job.attempt, job.job_key) == ("send", 1, "k")
