@@ -7,16 +7,21 @@ is reseeded in forked children so siblings never share a stream.
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import threading
 import time
 import uuid
+from collections.abc import Callable
 
+_UUID: Callable[[bytes], uuid.UUID]
 try:  # asyncpg's UUID subclasses uuid.UUID and encodes without re-parsing.
-    from asyncpg.pgproto.pgproto import UUID as _UUID
+    from asyncpg.pgproto.pgproto import UUID as _AsyncpgUUID
+
+    _UUID = _AsyncpgUUID
 except ImportError:  # pragma: no cover - asyncpg always ships it
-    _UUID = uuid.UUID
+    _UUID = functools.partial(uuid.UUID, None)
 
 _rng = random.Random(os.urandom(32))
 _lock = threading.Lock()
@@ -51,7 +56,7 @@ def _reserve(n: int) -> tuple[int, int]:
 def uuid7() -> uuid.UUID:
     ms, seq = _reserve(1)
     value = (ms << 80) | (seq << 64) | _VERSION_AND_VARIANT | _rng.getrandbits(62)
-    return _UUID(value.to_bytes(16, "big"))  # type: ignore[no-any-return]
+    return _UUID(value.to_bytes(16, "big"))
 
 
 def uuid7_batch(n: int) -> list[uuid.UUID]:

@@ -512,6 +512,7 @@ async def suite_drain(bench: Bench, dsn: str) -> None:
                 await _metered(bench, dsn, key, total, _drain_processes(dsn, 2, 64, total))
             )
         stats = await pool.fetchrow(benchsql.TABLE_STATS)
+        assert stats is not None  # one row: the jobs table's statistics
     finally:
         await pool.close()
     titles = {

@@ -8,13 +8,14 @@ import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NoReturn
 from uuid import UUID
 
 from pgfleet import _ids
-from pgfleet.db import Q
-from pgfleet.db.boundary import job_from_record, translate_errors, worker_from_record
+from pgfleet.db import pool as pools
 from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, tune_socket
+from pgfleet.db.store import Store
+from pgfleet.db.types import AppPool, Connection
 from pgfleet.errors import (
     DuplicateJobKey,
     InvalidJobState,
@@ -42,11 +43,6 @@ log = logging.getLogger("pgfleet")
 
 DEFAULT_MAX_ATTEMPTS = 25
 
-_KEYED_QUERY = {
-    JobKeyMode.DEDUPE: Q.job_insert_keyed_dedupe,
-    JobKeyMode.REPLACE: Q.job_insert_keyed_replace,
-    JobKeyMode.PRESERVE_RUN_AT: Q.job_insert_keyed_preserve_run_at,
-}
 # Rounds of insert-then-look-up before giving up on a job key whose holder keeps
 # finishing between the two statements.
 _KEY_RESOLVE_ROUNDS = 8
@@ -74,8 +70,8 @@ class _Waker:
     queue (an insert carrying its own NOTIFY, or a NOTIFY on its own), and one more
     after it when anything committed without one while it was in flight."""
 
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
+    def __init__(self, store: Store) -> None:
+        self._store = store
         self._pending = False
         self._inline = False
         self._task: asyncio.Task[None] | None = None
@@ -107,7 +103,7 @@ class _Waker:
         while self._pending:
             self._pending = False
             try:
-                await self._pool.execute(Q.notify_wakeup.sql)
+                await self._store.notify_wakeup()
                 self.sent += 1
             except Exception as exc:  # polling still finds the jobs
                 log.debug("wakeup notification failed: %s", exc)
@@ -131,7 +127,7 @@ class Queue:
 
     def __init__(
         self,
-        pool: Any,
+        pool: AppPool,
         *,
         notify: NotifyMode | str = NotifyMode.COALESCED,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
@@ -152,6 +148,7 @@ class Queue:
             )
         EnqueueOptions(max_attempts=default_max_attempts)  # validates the range
         self._pool = pool
+        self._store = Store(pool)
         self._max_payload_bytes = max_payload_bytes
         self._default_max_attempts = default_max_attempts
         self._known = known_names
@@ -161,12 +158,12 @@ class Queue:
                 "types are what payloads are checked against"
             )
         self._check_payloads = bool(check_payloads)
-        self._waker = _Waker(pool)
+        self._waker = _Waker(self._store)
         #: Called with (name, count) after jobs commit through this queue (metrics hook).
         self.on_enqueued: Callable[[str, int], None] | None = None
 
     @property
-    def pool(self) -> Any:
+    def pool(self) -> AppPool:
         return self._pool
 
     # ------------------------------------------------------------ enqueue
@@ -177,7 +174,7 @@ class Queue:
         payload: Any = None,
         *,
         options: EnqueueOptions | None = None,
-        connection: Any = None,
+        connection: Connection | None = None,
     ) -> UUID:
         """Enqueue one job and return its id (an existing job's id when its job_key
         deduplicates). With ``connection``, the job commits or rolls back with the
@@ -200,28 +197,28 @@ class Queue:
         inline = wake_after and self._waker.take_inline()
         if inline:
             wake_in_tx, wake_after = True, False
-        args: tuple[Any, ...]
-        if opts is DEFAULT_OPTIONS:
-            args = (job_id, name, text, self._default_max_attempts)
-            query = Q.job_insert_plain_notify if wake_in_tx else Q.job_insert_plain
-        else:
-            args = (
-                job_id,
-                name,
-                text,
-                opts.priority,
-                opts.max_attempts or self._default_max_attempts,
-                opts.queue_name,
-                opts.run_at,
-                opts.delay_seconds,
-            )
-            query = Q.job_insert_notify if wake_in_tx else Q.job_insert
+        store = self._store if connection is None else Store(connection)
         try:
-            with translate_errors("enqueue"):
-                if connection is None:
-                    await self._pool.execute(query.sql, *args)
-                else:
-                    await connection.execute(query.sql, *args)
+            if opts is DEFAULT_OPTIONS:
+                await store.job_insert_plain(
+                    id=job_id,
+                    name=name,
+                    payload=text,
+                    max_attempts=self._default_max_attempts,
+                    notify=wake_in_tx,
+                )
+            else:
+                await store.job_insert(
+                    id=job_id,
+                    name=name,
+                    payload=text,
+                    priority=opts.priority,
+                    max_attempts=opts.max_attempts or self._default_max_attempts,
+                    queue_name=opts.queue_name,
+                    run_at=opts.run_at,
+                    delay_seconds=opts.delay_seconds,
+                    notify=wake_in_tx,
+                )
         finally:
             if inline:
                 self._waker.release_inline()
@@ -232,7 +229,7 @@ class Queue:
         return job_id
 
     async def enqueue_many(
-        self, requests: Iterable[EnqueueRequest], *, connection: Any = None
+        self, requests: Iterable[EnqueueRequest], *, connection: Connection | None = None
     ) -> list[UUID]:
         """Enqueue a batch atomically and return the ids in request order.
 
@@ -244,12 +241,9 @@ class Queue:
         if not batch.size:
             return []
         wake_in_tx, wake_after = self._wake_plan(connection, batch.any_runs_now)
-        with translate_errors("enqueue_many"):
-            if connection is None:
-                async with self._pool.acquire() as conn:
-                    await batch.write(conn, wake_in_tx)
-            else:
-                await batch.write(connection, wake_in_tx)
+        store = self._store if connection is None else Store(connection)
+        async with store.acquire("enqueue_many") as bound:
+            await batch.write(bound, wake_in_tx)
         if wake_after:
             self._waker.request()
         if self.on_enqueued is not None:
@@ -278,7 +272,7 @@ class Queue:
                 f"{where}payload does not decode for the handler of {name!r}: {exc}"
             ) from None
 
-    def _wake_plan(self, connection: Any, runs_now: bool) -> tuple[bool, bool]:
+    def _wake_plan(self, connection: Connection | None, runs_now: bool) -> tuple[bool, bool]:
         """(notify inside the transaction, request a coalesced wakeup after)."""
         mode = self.notify_mode
         if mode is NotifyMode.OFF or not runs_now:
@@ -300,9 +294,7 @@ class Queue:
         uid = _as_uuid(job_id)
         if uid is None:
             return None
-        with translate_errors("get"):
-            row = await self._pool.fetchrow(Q.job_get.sql, uid)
-        return None if row is None else job_from_record(row)
+        return await self._store.job_get(id=uid)
 
     async def recent(
         self,
@@ -314,23 +306,18 @@ class Queue:
         """The most recently created jobs, newest first, optionally filtered."""
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
             raise InvalidOptions(f"limit must be an integer from 1 to 10000, got {limit!r}")
-        st = None if status is None else JobStatus.parse(status).value
+        st = None if status is None else JobStatus.parse(status)
         if name is not None:
             validate_name(name)
-        with translate_errors("recent"):
-            rows = await self._pool.fetch(Q.job_list_recent.sql, st, name, limit)
-        return [job_from_record(r) for r in rows]
+        return await self._store.job_list_recent(status=st, name=name, limit=limit)
 
     async def counts(self) -> dict[JobStatus, int]:
         """Exact job totals by status (every status present, zeros included).
 
         Scans all retained jobs: do not call it at high frequency on large tables.
         """
-        with translate_errors("counts"):
-            rows = await self._pool.fetch(Q.job_count_by_status.sql)
         out = dict.fromkeys(JobStatus, 0)
-        for r in rows:
-            out[JobStatus(r["status"])] = r["n"]
+        out.update(await self._store.job_count_by_status())
         return out
 
     async def runnable_backlog(self, name: str | None = None, *, at_most: int | None = None) -> int:
@@ -342,8 +329,7 @@ class Queue:
         if name is not None:
             validate_name(name)
         limit = _count_limit(at_most)
-        with translate_errors("runnable_backlog"):
-            return int(await self._pool.fetchval(Q.job_count_queued.sql, name, limit))
+        return await self._store.job_count_queued(name=name, limit=limit)
 
     async def runnable_backlog_by_name(
         self, names: Iterable[str], *, at_most: int | None = None
@@ -353,35 +339,34 @@ class Queue:
         if not wanted:
             return {}
         limit = _count_limit(at_most)
-        with translate_errors("runnable_backlog_by_name"):
-            rows = await self._pool.fetch(Q.job_count_queued_by_names.sql, wanted, limit)
-        return {r["name"]: int(r["n"]) for r in rows}
+        return await self._store.job_count_queued_by_names(names=wanted, limit=limit)
 
     async def statuses(self, job_ids: Iterable[UUID | str]) -> dict[UUID, JobStatus]:
         """The current status of each job that exists, by id, in one query."""
         uids = [u for u in map(_as_uuid, job_ids) if u is not None]
         if not uids:
             return {}
-        with translate_errors("statuses"):
-            rows = await self._pool.fetch(Q.job_status_many.sql, uids)
-        return {r["id"]: JobStatus(r["status"]) for r in rows}
+        return await self._store.job_status_many(ids=uids)
 
     async def workers(self) -> list[WorkerInfo]:
         """Registered workers, stale registrations not yet recovered included."""
-        with translate_errors("workers"):
-            rows = await self._pool.fetch(Q.worker_list.sql)
-        return [worker_from_record(r) for r in rows]
+        return await self._store.worker_list()
 
     # ------------------------------------------------------------ management
 
     async def cancel(self, job_id: UUID | str) -> Job:
         """Cancel a queued job. A running job is not interrupted: refused with
         :class:`InvalidJobState`, as are finished jobs."""
-        return await self._transition(job_id, "cancel", Q.job_cancel.sql, ("queued",))
+        uid = self._require_uuid(job_id)
+        job = await self._store.job_cancel(id=uid)
+        return job or await self._refused(uid, "cancel", ("queued",))
 
     async def retry(self, job_id: UUID | str) -> Job:
         """Run a failed or cancelled job again now, with fresh attempts."""
-        job = await self._transition(job_id, "retry", Q.job_retry.sql, ("failed", "cancelled"))
+        uid = self._require_uuid(job_id)
+        job = await self._store.job_retry(id=uid)
+        if job is None:
+            await self._refused(uid, "retry", ("failed", "cancelled"))
         self._wake()
         return job
 
@@ -395,24 +380,25 @@ class Queue:
         """Move a queued job to a new run_at (or now + delay; now when neither)."""
         opts = EnqueueOptions(run_at=run_at, delay=delay)
         uid = self._require_uuid(job_id)
-        with translate_errors("reschedule"):
-            row = await self._pool.fetchrow(
-                Q.job_reschedule.sql, uid, opts.run_at, opts.delay_seconds
-            )
-        if row is None:
-            raise await self._refusal(uid, "reschedule", ("queued",))
-        if row["due"]:
+        moved = await self._store.job_reschedule(
+            id=uid, run_at=opts.run_at, delay_seconds=opts.delay_seconds
+        )
+        if moved is None:
+            await self._refused(uid, "reschedule", ("queued",))
+        job, due = moved
+        if due:
             self._wake()
-        return job_from_record(row)
+        return job
 
     async def permanently_fail(self, job_id: UUID | str, reason: str = "failed by operator") -> Job:
         """Fail a queued or running job for good. A running handler is not
         interrupted, but its lock is released and its outcome discarded."""
         if not isinstance(reason, str) or not reason:
             raise InvalidOptions("reason must be a non-empty string")
-        job = await self._transition(
-            job_id, "permanently_fail", Q.job_permanently_fail.sql, ("queued", "running"), reason
-        )
+        uid = self._require_uuid(job_id)
+        job = await self._store.job_permanently_fail(id=uid, reason=reason)
+        if job is None:
+            await self._refused(uid, "permanently_fail", ("queued", "running"))
         if job.queue_name is not None:
             self._wake()
         return job
@@ -420,7 +406,10 @@ class Queue:
     async def complete(self, job_id: UUID | str) -> Job:
         """Retire a queued or running job as succeeded. A running handler is not
         interrupted, but its lock is released and its outcome discarded."""
-        job = await self._transition(job_id, "complete", Q.job_complete.sql, ("queued", "running"))
+        uid = self._require_uuid(job_id)
+        job = await self._store.job_complete(id=uid)
+        if job is None:
+            await self._refused(uid, "complete", ("queued", "running"))
         if job.queue_name is not None:
             self._wake()
         return job
@@ -433,12 +422,11 @@ class Queue:
         ``requeued``, ``failed`` and ``deregistered`` (1 if the worker was registered).
         """
         uid = self._require_uuid(worker_id, "worker")
-        with translate_errors("force_unlock_worker"):
-            row = await self._pool.fetchrow(Q.worker_force_unlock.sql, uid)
+        done = await self._store.worker_force_unlock(worker_id=uid)
         result = {
-            "requeued": int(row["requeued"]),
-            "failed": int(row["failed"]),
-            "deregistered": int(bool(row["deregistered"])),
+            "requeued": done.requeued,
+            "failed": done.failed,
+            "deregistered": int(done.deregistered),
         }
         if result["requeued"]:
             self._wake()
@@ -455,30 +443,20 @@ class Queue:
             raise InvalidOptions(f"batch_size must be from 1 to 100000, got {batch_size!r}")
         total = 0
         while True:
-            with translate_errors("prune_finished"):
-                n = int(
-                    await self._pool.fetchval(Q.job_prune_finished.sql, float(seconds), batch_size)
-                )
+            n = await self._store.job_prune_finished(
+                older_than_seconds=float(seconds), batch_size=batch_size
+            )
             total += n
             if n < batch_size:
                 return total
 
-    async def _transition(
-        self, job_id: UUID | str, operation: str, sql: str, allowed: tuple[str, ...], *extra: Any
-    ) -> Job:
-        uid = self._require_uuid(job_id)
-        with translate_errors(operation):
-            row = await self._pool.fetchrow(sql, uid, *extra)
-        if row is None:
-            raise await self._refusal(uid, operation, allowed)
-        return job_from_record(row)
-
-    async def _refusal(self, uid: UUID, operation: str, allowed: tuple[str, ...]) -> PgfleetError:
-        with translate_errors(operation):
-            status = await self._pool.fetchval(Q.job_status_get.sql, uid)
+    async def _refused(self, uid: UUID, operation: str, allowed: tuple[str, ...]) -> NoReturn:
+        """Raise why ``operation`` changed nothing: no such job, or not in a status
+        it ``allowed``."""
+        status = await self._store.job_status_get(id=uid)
         if status is None:
-            return JobNotFound(uid)
-        return InvalidJobState(uid, operation, status, allowed)
+            raise JobNotFound(uid)
+        raise InvalidJobState(uid, operation, status.value, allowed)
 
     def _require_uuid(self, value: UUID | str, what: str = "job") -> UUID:
         uid = _as_uuid(value)
@@ -599,48 +577,72 @@ class _Batch:
             counts[req.name] = counts.get(req.name, 0) + 1
         return counts
 
-    async def write(self, conn: Any, notify: bool) -> None:
+    async def write(self, store: Store, notify: bool) -> None:
+        """Write the batch through ``store`` (bound to one connection)."""
         statements = bool(self._plain[0]) + bool(self._full) + len(self._keyed) + notify
         if statements == 1 and not self._keyed:
-            await self._write_unkeyed(conn)
+            await self._write_unkeyed(store)
             return
-        async with conn.transaction():
-            await self._write_unkeyed(conn)
+        async with store.transaction("enqueue_many") as tx:
+            await self._write_unkeyed(tx)
             for mode, rows in self._keyed.items():
-                await self._write_keyed(conn, mode, rows)
+                await self._write_keyed(tx, mode, rows)
             if notify:
-                await conn.execute(Q.notify_jobs.sql)
+                await tx.notify_jobs()
 
-    async def _write_unkeyed(self, conn: Any) -> None:
+    async def _write_unkeyed(self, store: Store) -> None:
         plain_ids, plain_names, _ = self._plain
         if plain_ids:
-            await conn.execute(
-                Q.job_insert_many_plain.sql,
-                plain_ids,
-                plain_names,
-                self._plain_json,
-                self._queue._default_max_attempts,
+            await store.job_insert_many_plain(
+                ids=plain_ids,
+                names=plain_names,
+                payloads=self._plain_json,
+                max_attempts=self._queue._default_max_attempts,
             )
         if self._full:
-            cols = list(zip(*self._full, strict=False))
-            del cols[6]  # no job_key column in the unkeyed insert
-            await conn.execute(Q.job_insert_many.sql, *cols)
+            ids, names, payloads, priorities, attempts, queues, _, run_ats, delays = zip(
+                *self._full, strict=True
+            )
+            await store.job_insert_many(
+                ids=ids,
+                names=names,
+                payloads=payloads,
+                priorities=priorities,
+                max_attempts=attempts,
+                queue_names=queues,
+                run_ats=run_ats,
+                delays=delays,
+            )
 
-    async def _write_keyed(self, conn: Any, mode: JobKeyMode, rows: list[tuple[Any, ...]]) -> None:
+    async def _write_keyed(
+        self, store: Store, mode: JobKeyMode, rows: list[tuple[Any, ...]]
+    ) -> None:
         """Insert or resolve every keyed row; the batch id of each becomes the id
         of the job that now holds its key."""
         pending = rows
         resolved: dict[str, UUID] = {}
         for _ in range(_KEY_RESOLVE_ROUNDS):
-            cols = list(zip(*pending, strict=False))
-            returned = await conn.fetch(_KEYED_QUERY[mode].sql, *cols)
-            for r in returned:
-                resolved[r["job_key"]] = r["id"]
+            ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays = zip(
+                *pending, strict=True
+            )
+            resolved.update(
+                await store.job_insert_keyed(
+                    mode=mode,
+                    ids=ids,
+                    names=names,
+                    payloads=payloads,
+                    priorities=priorities,
+                    max_attempts=attempts,
+                    queue_names=queues,
+                    job_keys=keys,
+                    run_ats=run_ats,
+                    delays=delays,
+                )
+            )
             missing = [row for row in pending if row[6] not in resolved]
             if missing:
-                keys = [row[6] for row in missing]
-                for r in await conn.fetch(Q.job_ids_by_active_key.sql, keys):
-                    resolved[r["job_key"]] = r["id"]
+                held = await store.job_ids_by_active_key(keys=[row[6] for row in missing])
+                resolved.update(held)
                 missing = [row for row in missing if row[6] not in resolved]
             if not missing:
                 break
@@ -655,11 +657,13 @@ class _Batch:
             self.ids[batch_index[row[0]]] = resolved[row[6]]
 
 
-async def _no_session_reset(connection: Any) -> None:
+async def _no_session_reset(connection: object) -> None:
     """Pool ``reset`` hook: asyncpg has already rolled back any open transaction."""
 
 
-async def create_pool(dsn: str | None = None, *, pgbouncer: bool = False, **kwargs: Any) -> Any:
+async def create_pool(
+    dsn: str | None = None, *, pgbouncer: bool = False, **kwargs: Any
+) -> pools.Pool:
     """An asyncpg pool tuned for pgfleet; takes asyncpg.create_pool's arguments.
 
     Connections go back to the pool without asyncpg's default session reset (one
@@ -679,8 +683,6 @@ async def create_pool(dsn: str | None = None, *, pgbouncer: bool = False, **kwar
     ``max_prepared_statements``): asyncpg's statement cache is turned off, so every
     statement is prepared unnamed in the round trip that runs it.
     """
-    from pgfleet.db import pool as pools
-
     if pgbouncer:
         kwargs.setdefault("statement_cache_size", 0)
     kwargs.setdefault("reset", _no_session_reset)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgfleet import _ids, context
 from pgfleet._runtime.outcomes import RunStats
@@ -20,6 +20,9 @@ from pgfleet.jobs import Job, JobStatus, validate_name
 from pgfleet.payloads import encode_payload
 from pgfleet.registry import Registry
 from pgfleet.worker import Worker, WorkerConfig
+
+if TYPE_CHECKING:
+    from pgfleet.db.types import AppPool
 
 __all__ = ["RunStats", "drain", "make_job", "run_job"]
 
@@ -79,7 +82,7 @@ async def run_job(registry: Registry, name: str, payload: Any = None, **job_fiel
 
 
 async def drain(
-    pool: Any,
+    pool: AppPool,
     registry: Registry,
     config: WorkerConfig | None = None,
     **config_fields: Any,

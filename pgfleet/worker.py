@@ -14,6 +14,7 @@ from typing import Any
 
 from pgfleet import context
 from pgfleet._runtime.claimer import ClaimLoop
+from pgfleet._runtime.cron_runner import CronService
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.outcomes import Outcome, RunStats
@@ -116,10 +117,8 @@ class Worker:
             None if self.config.queue_names is None else sorted(self.config.queue_names)
         )
         self._crons = list(crons)
-        self._cron_service: Any = None
+        self._cron_service: CronService | None = None
         if self._crons:
-            from pgfleet.cron import CronService
-
             self._cron_service = CronService(self._db, registry, self._crons, self.config)
         cfg = self.config
         self._concurrency = cfg.concurrency

@@ -13,8 +13,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from pgfleet.db import CHANNEL, Q
+from pgfleet.db import CHANNEL
 from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, Held
+from pgfleet.db.store import Store
 
 log = logging.getLogger("pgfleet")
 
@@ -125,7 +126,7 @@ class Listener:
                 # A silent network drop closes nothing: ask the server.
                 try:
                     await asyncio.wait_for(
-                        conn.fetchval(Q.ping.sql), min(KEEPALIVE_TIMEOUT, self._timeout)
+                        Store(conn).ping(), min(KEEPALIVE_TIMEOUT, self._timeout)
                     )
                 except TimeoutError:
                     raise ConnectionError(

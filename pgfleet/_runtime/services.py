@@ -18,11 +18,10 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-from pgfleet.db import Q
-from pgfleet.db.boundary import translate_errors
+from pgfleet.db.store import Store
+from pgfleet.db.types import Executor
 from pgfleet.events import WorkerEvents
 
 log = logging.getLogger("pgfleet")
@@ -131,7 +130,7 @@ class Heartbeat(Periodic):
 
     def __init__(
         self,
-        pool: Any,
+        pool: Executor,
         identity: Identity,
         *,
         interval: float,
@@ -141,7 +140,7 @@ class Heartbeat(Periodic):
         on_leader: Callable[[bool], None],
     ) -> None:
         super().__init__(interval)
-        self._pool = pool
+        self._store = Store(pool)
         self._identity = identity
         self._lease = lease
         self._lead = lead
@@ -153,29 +152,27 @@ class Heartbeat(Periodic):
 
     async def run_once(self) -> None:
         i = self._identity
-        with translate_errors("heartbeat"):
-            row = await self._pool.fetchrow(
-                Q.worker_heartbeat.sql,
-                i.id,
-                i.hostname,
-                i.pid,
-                i.concurrency,
-                i.job_names,
-                i.queue_names,
-                i.version,
-                self._lease,
-                self._lead and not self._stop.is_set(),
-            )
-        if row["inserted"] and self.beats:
+        beat = await self._store.worker_heartbeat(
+            id=i.id,
+            hostname=i.hostname,
+            pid=i.pid,
+            concurrency=i.concurrency,
+            job_names=i.job_names,
+            queue_names=i.queue_names,
+            version=i.version,
+            lease_seconds=self._lease,
+            lead=self._lead and not self._stop.is_set(),
+        )
+        if beat.inserted and self.beats:
             log.warning(
                 "worker %s had been declared dead and its jobs recovered; registered again "
                 "(outcomes of jobs it was running will be discarded)",
                 i.id,
             )
         if self.started_at is None:
-            self.started_at = row["started_at"]
+            self.started_at = beat.started_at
         self.beats += 1
-        leader = bool(row["leader"])
+        leader = beat.leader
         if leader != self.is_leader:
             self.is_leader = leader
             log.info("worker %s %s the fleet leadership", i.id, "took" if leader else "lost")
@@ -183,8 +180,7 @@ class Heartbeat(Periodic):
             self._on_leader(leader)
 
     async def deregister(self) -> None:
-        with translate_errors("deregister"):
-            await self._pool.execute(Q.worker_deregister.sql, self._identity.id)
+        await self._store.worker_deregister(worker_id=self._identity.id)
         if self.is_leader:
             self.is_leader = False
             self.events.leader_changed(False)
@@ -197,7 +193,7 @@ class Maintenance(Periodic):
 
     def __init__(
         self,
-        pool: Any,
+        pool: Executor,
         *,
         interval: float,
         is_leader: Callable[[], bool],
@@ -213,7 +209,7 @@ class Maintenance(Periodic):
         clock: Callable[[], float],
     ) -> None:
         super().__init__(interval)
-        self._pool = pool
+        self._store = Store(pool)
         self._is_leader = is_leader
         self._retention = retention
         self._prune_interval = prune_interval
@@ -247,19 +243,18 @@ class Maintenance(Periodic):
         """Recover the jobs of workers whose heartbeat expired."""
         total = 0
         while True:
-            with translate_errors("rescue"):
-                rows = await self._pool.fetch(Q.job_rescue.sql, self._rescue_batch)
-            jobs = [r for r in rows if r["id"] is not None]
+            rows = await self._store.job_rescue(limit=self._rescue_batch)
+            jobs = [r for r in rows if r.job_id is not None]
             for r in rows:
-                if r["id"] is None:
-                    log.info("deregistered worker %s: its heartbeat expired", r["worker_id"])
+                if r.job_id is None:
+                    log.info("deregistered worker %s: its heartbeat expired", r.worker_id)
             for r in jobs:
                 log.info(
                     "recovered job %s (%s) from dead worker %s: now %s",
-                    r["id"],
-                    r["name"],
-                    r["worker_id"],
-                    r["status"],
+                    r.job_id,
+                    r.name,
+                    r.worker_id,
+                    r.status,
                 )
             total += len(jobs)
             if len(jobs) < self._rescue_batch:
@@ -275,12 +270,9 @@ class Maintenance(Periodic):
         assert self._retention is not None
         total = 0
         for _ in range(100):  # at most 100 batches per round; the next round goes on
-            with translate_errors("prune"):
-                n = int(
-                    await self._pool.fetchval(
-                        Q.job_prune_finished.sql, self._retention, self._prune_batch
-                    )
-                )
+            n = await self._store.job_prune_finished(
+                older_than_seconds=self._retention, batch_size=self._prune_batch
+            )
             total += n
             if n < self._prune_batch:
                 break
@@ -294,18 +286,16 @@ class Maintenance(Periodic):
         nothing else will clean them: autovacuum is off (``vacuum="auto"``), or
         always (``vacuum="always"``). A queue rewrites every row it holds twice, so
         without vacuum its dead tuples and index bloat grow without bound."""
-        with translate_errors("vacuum check"):
-            row = await self._pool.fetchrow(Q.jobs_table_health.sql)
-        if row is None:
+        health = await self._store.jobs_table_health()
+        if health is None:
             return False
-        if self._vacuum == "auto" and row["autovacuum"]:
+        if self._vacuum == "auto" and health.autovacuum:
             return False
-        dead, live = int(row["dead_tuples"]), int(row["live_tuples"])
+        dead, live = health.dead_tuples, health.live_tuples
         if dead < max(self._vacuum_min_dead, live // 5):
             return False
         try:
-            with translate_errors("vacuum"):
-                await self._pool.execute(Q.jobs_vacuum.sql)
+            await self._store.jobs_vacuum()
         except Exception as exc:
             log.warning("could not vacuum pgfleet.jobs (%s); not trying again", exc)
             self._vacuum = "never"

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -16,6 +15,11 @@ from pgfleet.errors import (
     ValidationError,
 )
 from pgfleet.jobs import Job, JobStatus, WorkerInfo
+
+if TYPE_CHECKING:
+    from uuid import UUID
+
+    from asyncpg import Record
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
     OSError,
@@ -43,28 +47,48 @@ def is_connection_error(exc: BaseException) -> bool:
     )
 
 
-@contextmanager
-def translate_errors(what: str) -> Iterator[None]:
-    """Re-raise driver errors as the library's: callers never see asyncpg's classes."""
-    try:
-        yield
-    except asyncpg.exceptions.UniqueViolationError as exc:
+class translate_errors:  # named like the function it replaced: used as `with translate_errors(...)`
+    """Re-raise driver errors as the library's: callers never see asyncpg's classes.
+
+    Used only by the data layer (:mod:`pgfleet.db.store`), around each of its
+    statements. A class rather than a generator-based context manager: it is
+    entered on every enqueue, and one instance per operation is made once."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None:
+            _translate(exc, self.what)
+
+
+def _translate(exc: BaseException, what: str) -> None:
+    """Raise the library's error for ``exc``; return (so that ``exc`` propagates)
+    when it has none."""
+    if isinstance(exc, asyncpg.exceptions.UniqueViolationError):
         if exc.constraint_name == "jobs_key_active":
             key = _detail_value(exc)
             raise DuplicateJobKey(
                 f"{what}: job_key {key!r} is held by another queued or running job", key
             ) from None
-        raise
-    except asyncpg.exceptions.CheckViolationError as exc:
+        return
+    if isinstance(exc, asyncpg.exceptions.CheckViolationError):
         raise ValidationError(f"{what}: {exc.message} ({exc.constraint_name})") from None
-    except _MISSING_SCHEMA as exc:
+    if isinstance(exc, _MISSING_SCHEMA):
         raise SchemaNotReady(
             f"{what}: the pgfleet schema is missing or outdated ({exc}); "
             "run pgfleet.migrate(pool) or `pgfleet migrate`"
         ) from None
-    except _UNAVAILABLE as exc:
+    if isinstance(exc, _UNAVAILABLE):
         if isinstance(exc, asyncpg.exceptions.InterfaceError) and "another operation" in str(exc):
-            raise  # a usage error on a shared connection, not an outage
+            return  # a usage error on a shared connection, not an outage
         raise DatabaseUnavailable(f"{what}: database unavailable: {exc}") from exc
 
 
@@ -80,7 +104,8 @@ def decode_payload(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-def job_from_record(r: Any) -> Job:
+def job_from_record(r: Record) -> Job:
+    """A job as a full row of ``pgfleet.jobs`` (``SELECT *``, ``RETURNING *``) holds it."""
     return Job(
         id=r["id"],
         name=r["name"],
@@ -101,7 +126,32 @@ def job_from_record(r: Any) -> Job:
     )
 
 
-def worker_from_record(r: Any) -> WorkerInfo:
+def claimed_job(r: Record, worker_id: UUID) -> Job:
+    """A job as ``job_complete_and_claim`` returns it claimed (``claimed`` true) by
+    ``worker_id``: running, its payload as JSON text. The claim loop's hot path: no
+    work beyond building the Job."""
+    payload = r["payload"]
+    return Job(
+        id=r["id"],
+        name=r["name"],
+        payload=None if payload is None else json.loads(payload),
+        status=JobStatus.RUNNING,
+        attempt=r["attempt"],
+        max_attempts=r["max_attempts"],
+        priority=r["priority"],
+        queue_name=r["queue_name"],
+        job_key=r["job_key"],
+        run_at=r["run_at"],
+        created_at=r["created_at"],
+        started_at=r["started_at"],
+        finished_at=None,
+        last_error=r["last_error"],
+        worker_id=worker_id,
+        lock_token=r["lock_token"],
+    )
+
+
+def worker_from_record(r: Record) -> WorkerInfo:
     return WorkerInfo(
         id=r["id"],
         hostname=r["hostname"],

@@ -24,9 +24,15 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pgfleet.errors import DatabaseUnavailable
+
+if TYPE_CHECKING:
+    from asyncpg import Pool, Record
+    from asyncpg.pool import PoolConnectionProxy
+
+    from pgfleet.db.types import AppPool
 
 log = logging.getLogger("pgfleet")
 
@@ -140,9 +146,9 @@ class BoundedPool:
     ``fetchval``, ``execute``, ``acquire`` as an async context manager) and passes
     anything else through to the wrapped pool."""
 
-    raw: Any
+    raw: Pool[Record]
 
-    def __init__(self, pool: Any, timeout: float = DEFAULT_DATABASE_TIMEOUT) -> None:
+    def __init__(self, pool: AppPool, timeout: float = DEFAULT_DATABASE_TIMEOUT) -> None:
         if isinstance(pool, BoundedPool):
             pool = pool.raw
         self.raw = pool
@@ -155,9 +161,11 @@ class BoundedPool:
         return getattr(self.raw, name)
 
     @contextlib.asynccontextmanager
-    async def acquire(self, what: str = "database call") -> AsyncIterator[Any]:
+    async def acquire(
+        self, what: str = "database call"
+    ) -> AsyncIterator[PoolConnectionProxy[Record]]:
         """A connection whose whole use (acquire included) must end in ``timeout``."""
-        conn: Any = None
+        conn: PoolConnectionProxy[Record] | None = None
         try:
             async with asyncio.timeout(self.timeout):
                 # The acquire's own timeout also bounds asyncpg's release of this
@@ -202,19 +210,19 @@ class BoundedPool:
                 self.timeout,
             )
 
-    async def fetch(self, sql: str, *args: Any) -> list[Any]:
+    async def fetch(self, sql: str, *args: object) -> list[Record]:
         async with self.acquire() as conn:
             return list(await conn.fetch(sql, *args))
 
-    async def fetchrow(self, sql: str, *args: Any) -> Any:
+    async def fetchrow(self, sql: str, *args: object) -> Record | None:
         async with self.acquire() as conn:
             return await conn.fetchrow(sql, *args)
 
-    async def fetchval(self, sql: str, *args: Any) -> Any:
+    async def fetchval(self, sql: str, *args: object) -> Any:
         async with self.acquire() as conn:
             return await conn.fetchval(sql, *args)
 
-    async def execute(self, sql: str, *args: Any) -> str:
+    async def execute(self, sql: str, *args: object) -> str:
         async with self.acquire() as conn:
             return str(await conn.execute(sql, *args))
 
@@ -226,14 +234,14 @@ def _interrupted() -> bool:
     return task is not None and task.cancelling() > 0
 
 
-def bounded(pool: Any, timeout: float | None = None) -> BoundedPool:
+def bounded(pool: AppPool, timeout: float | None = None) -> BoundedPool:
     """``pool`` as a BoundedPool (the same one when it is one already)."""
     if isinstance(pool, BoundedPool) and (timeout is None or timeout == pool.timeout):
         return pool
     return BoundedPool(pool, DEFAULT_DATABASE_TIMEOUT if timeout is None else timeout)
 
 
-async def close_pool(pool: Any, timeout: float = 5.0) -> None:
+async def close_pool(pool: AppPool, timeout: float = 5.0) -> None:
     """Close a pool gracefully, or terminate it when its connections do not answer."""
     raw = pool.raw if isinstance(pool, BoundedPool) else pool
     try:

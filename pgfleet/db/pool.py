@@ -20,7 +20,7 @@ import asyncpg.pool
 from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT
 
 
-class Pool(asyncpg.pool.Pool):  # type: ignore[misc]  # asyncpg ships no types
+class Pool(asyncpg.pool.Pool):
     __slots__ = ("release_timeout",)
 
     release_timeout: float

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -13,6 +13,9 @@ from prometheus_client import CollectorRegistry
 from pgfleet.db.bounded import BoundedPool, DatabaseTimeout
 from pgfleet.db.migrate import check_schema
 from pgfleet.service.metrics import CONTENT_TYPE, QueueStats, render
+
+if TYPE_CHECKING:
+    from pgfleet.db.types import AppPool
 
 log = logging.getLogger("pgfleet")
 
@@ -23,7 +26,7 @@ class PortInUse(Exception):
     """The configured port cannot be bound."""
 
 
-async def database_ready(pool: Any) -> str | None:
+async def database_ready(pool: AppPool) -> str | None:
     """None when the database answers and the schema is current, else why not.
 
     The probe's connection is dropped, not handed back, when it does not answer:
@@ -39,7 +42,9 @@ async def database_ready(pool: Any) -> str | None:
     return None
 
 
-def readiness(pool: Any, *checks: Callable[[], str | None]) -> Callable[[], Awaitable[str | None]]:
+def readiness(
+    pool: AppPool, *checks: Callable[[], str | None]
+) -> Callable[[], Awaitable[str | None]]:
     """A readiness probe: each of ``checks`` (cheap, in-process) and then the database."""
 
     async def ready() -> str | None:
@@ -133,7 +138,7 @@ def metrics_server(
     port: int,
     registry: CollectorRegistry,
     stats: QueueStats | None,
-    pool: Any,
+    pool: AppPool,
     health: Callable[[], str | None] | None = None,
 ) -> Server:
     app = web.Application()

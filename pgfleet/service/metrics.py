@@ -32,7 +32,8 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from pgfleet import __version__
-from pgfleet.db import Q
+from pgfleet.db.store import KindStats, Store
+from pgfleet.db.types import Pool
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job
 
@@ -196,26 +197,26 @@ class QueueStats(Collector):
 
     ROLE = "metrics"
 
-    def __init__(self, pool: Any, known_kinds: Iterable[str] = (), lease: float = 45.0):
-        self._pool = pool
+    def __init__(self, pool: Pool, known_kinds: Iterable[str] = (), lease: float = 45.0):
+        self._store = Store(pool)
         self._known = set(known_kinds)
         self._lease = lease
         self.holder = uuid.uuid4()
         self.holding = False
-        self._rows: list[Any] | None = None
+        self._rows: list[KindStats] | None = None
         self._alive: int = 0
         self._took = 0.0
 
     async def refresh(self) -> None:
         start = time.perf_counter()
         try:
-            async with self._pool.acquire() as conn:
-                self.holding = bool(
-                    await conn.fetchval(Q.lease_acquire.sql, self.ROLE, self.holder, self._lease)
+            async with self._store.acquire("queue metrics") as store:
+                self.holding = await store.lease_acquire(
+                    role=self.ROLE, holder=self.holder, lease_seconds=self._lease
                 )
                 if self.holding:
-                    self._rows = list(await conn.fetch(Q.queue_stats.sql))
-                    self._alive = int(await conn.fetchval(Q.workers_alive.sql))
+                    self._rows = await store.queue_stats()
+                    self._alive = await store.workers_alive()
                 else:
                     self._rows = None
         except Exception as exc:
@@ -227,7 +228,7 @@ class QueueStats(Collector):
         """Give the lease up at shutdown so another process takes over at once."""
         if self.holding:
             with contextlib.suppress(Exception):
-                await self._pool.execute(Q.lease_release.sql, self.ROLE, self.holder)
+                await self._store.lease_release(role=self.ROLE, holder=self.holder)
             self.holding = False
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
@@ -257,9 +258,9 @@ class QueueStats(Collector):
         }
         seen = set()
         for row in rows:
-            seen.add(row["name"])
+            seen.add(row.name)
             for key, family in families.items():
-                family.add_metric([row["name"]], float(row[key]))
+                family.add_metric([row.name], float(getattr(row, key)))
         for kind in sorted(self._known - seen):
             for family in families.values():
                 family.add_metric([kind], 0.0)

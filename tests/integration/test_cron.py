@@ -27,7 +27,8 @@ from pgfleet import (
     Worker,
     WorkerConfig,
 )
-from pgfleet.cron import CronService, Outcome, latest_occurrence, next_occurrence
+from pgfleet._runtime.cron_runner import CronService, Outcome
+from pgfleet.occurrences import latest_occurrence, next_occurrence
 from tests.apps import runtime_app
 from tests.integration.conftest import Recorder, running_worker
 

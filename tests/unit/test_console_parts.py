@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pgfleet import CronJob, DailySchedule, JobStatus, MonthlySchedule
-from pgfleet.cron import next_occurrence
+from pgfleet.occurrences import next_occurrence
 from pgfleet.service.console.app import _safe_next
 from pgfleet.service.console.auth import Sessions
 from pgfleet.service.console.crontext import next_occurrences, parse_definition

@@ -34,8 +34,8 @@ from pgfleet import (
     Weekday,
     WorkerConfig,
 )
-from pgfleet.cron import (
-    CronService,
+from pgfleet._runtime.cron_runner import CronService
+from pgfleet.occurrences import (
     due_occurrence,
     latest_occurrence,
     next_occurrence,

@@ -10,7 +10,8 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
-from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday, next_occurrence
+from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday
+from pgfleet.occurrences import next_occurrence
 
 _EVERY = re.compile(r"every (\d+)(?:\.(\d{1,6}))?s")
 _DAILY = re.compile(r"daily (\d\d):(\d\d)(?: on ([a-z,]+))? (\S+)")

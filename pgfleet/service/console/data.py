@@ -1,16 +1,15 @@
-"""What the console reads and changes: the console's queries (pgfleet/db/console.sql)
-and the queue's management operations, over the console's own pool."""
+"""What the console reads and changes: the console's queries (pgfleet/db/console.sql,
+run by the data layer) and the queue's management operations, over the console's
+own pool."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
-from pgfleet.db import Q
-from pgfleet.db.boundary import translate_errors
-from pgfleet.db.console import CQ
+from pgfleet.db.store import KindStats, Store
+from pgfleet.db.types import AppPool, Record
 from pgfleet.jobs import JobStatus, WorkerInfo, validate_name
 from pgfleet.queue import Queue
 
@@ -55,7 +54,7 @@ class JobFilter:
 
 @dataclass(frozen=True, slots=True)
 class JobPage:
-    rows: list[Any]
+    rows: list[Record]
     #: The cursor of the next (older) page, None at the end.
     older: UUID | None
     #: When a bounded search stopped short: the oldest id it read.
@@ -67,16 +66,17 @@ class JobPage:
 @dataclass(frozen=True, slots=True)
 class Overview:
     now: datetime
-    kinds: list[Any]
+    kinds: list[KindStats]
     workers: list[WorkerInfo]
-    leases: list[Any]
+    leases: list[Record]
 
 
 class ConsoleData:
-    """The console's one caller of SQL."""
+    """What the console asks the data layer."""
 
-    def __init__(self, pool: Any, queue: Queue, window: int = 10_000) -> None:
+    def __init__(self, pool: AppPool, queue: Queue, window: int = 10_000) -> None:
         self.pool = pool
+        self.store = Store(pool)
         self.queue = queue
         self.window = window
 
@@ -85,63 +85,57 @@ class ConsoleData:
         if before is not None:
             upper = min(upper, before)
         lower = MIN_ID if f.since is None else id_floor(f.since)
-        status = None if f.status is None else f.status.value
         searched_to = None
-        with translate_errors("console jobs"):
-            async with self.pool.acquire() as conn:
-                if not f.bounded:
-                    end = await conn.fetchval(
-                        CQ.console_jobs_window_end.sql, upper, lower, self.window - 1
-                    )
-                    if end is not None:
-                        lower = max(lower, end)
-                        searched_to = end
-                rows = await conn.fetch(
-                    CQ.console_jobs_page.sql, status, f.kind, f.queue, upper, lower, limit + 1
+        async with self.store.acquire("console jobs") as store:
+            if not f.bounded:
+                end = await store.console_jobs_window_end(
+                    before=upper, floor=lower, offset=self.window - 1
                 )
+                if end is not None:
+                    lower = max(lower, end)
+                    searched_to = end
+            rows = await store.console_jobs_page(
+                status=f.status,
+                kind=f.kind,
+                queue=f.queue,
+                before=upper,
+                floor=lower,
+                limit=limit + 1,
+            )
         older = rows[limit - 1]["id"] if len(rows) > limit else None
         if older is not None:
             searched_to = None
         return JobPage(rows[:limit], older, searched_to, self.window)
 
     async def overview(self) -> Overview:
-        with translate_errors("console overview"):
-            async with self.pool.acquire() as conn:
-                now = await conn.fetchval(CQ.console_now.sql)
-                kinds = await conn.fetch(Q.queue_stats.sql)
-                leases = await conn.fetch(CQ.console_leases.sql)
+        async with self.store.acquire("console overview") as store:
+            now = await store.console_now()
+            kinds = await store.queue_stats()
+            leases = await store.console_leases()
         workers = await self.queue.workers()
-        return Overview(now, sorted(kinds, key=lambda r: r["name"]), workers, list(leases))
+        return Overview(now, sorted(kinds, key=lambda r: r.name), workers, leases)
 
     async def now(self) -> datetime:
-        with translate_errors("console now"):
-            value: datetime = await self.pool.fetchval(CQ.console_now.sql)
-        return value
+        return await self.store.console_now()
 
     async def dead_count(self, kind: str) -> int:
         validate_name(kind, "kind")
-        with translate_errors("console dead count"):
-            return int(await self.pool.fetchval(CQ.console_dead_count.sql, kind))
+        return await self.store.console_dead_count(kind=kind)
 
     async def retry_dead(self, kind: str) -> tuple[int, int]:
         """(retried, skipped because another job holds their key)."""
         validate_name(kind, "kind")
-        with translate_errors("console bulk retry"):
-            row = await self.pool.fetchrow(CQ.console_retry_dead.sql, kind)
-        return int(row["retried"]), int(row["skipped"])
+        return await self.store.console_retry_dead(kind=kind)
 
     async def cancel_dead(self, kind: str) -> int:
         validate_name(kind, "kind")
-        with translate_errors("console bulk cancel"):
-            return int(await self.pool.fetchval(CQ.console_cancel_dead.sql, kind))
+        return await self.store.console_cancel_dead(kind=kind)
 
-    async def worker_jobs(self, worker_id: UUID, limit: int = 100) -> list[Any]:
-        with translate_errors("console worker jobs"):
-            return list(await self.pool.fetch(CQ.console_worker_jobs.sql, worker_id, limit))
+    async def worker_jobs(self, worker_id: UUID, limit: int = 100) -> list[Record]:
+        return await self.store.console_worker_jobs(worker_id=worker_id, limit=limit)
 
-    async def crons(self) -> tuple[datetime, list[Any]]:
-        with translate_errors("console crons"):
-            async with self.pool.acquire() as conn:
-                now = await conn.fetchval(CQ.console_now.sql)
-                rows = await conn.fetch(CQ.console_crons.sql)
-        return now, list(rows)
+    async def crons(self) -> tuple[datetime, list[Record]]:
+        async with self.store.acquire("console crons") as store:
+            now = await store.console_now()
+            rows = await store.console_crons()
+        return now, rows

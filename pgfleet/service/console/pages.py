@@ -213,26 +213,24 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
     now = data.now
     kinds = [
         (
-            el("a", {"href": url(f"{BASE}/jobs", kind=r["name"])}, r["name"]),
-            r["queued"],
-            r["scheduled"],
-            r["running"],
-            el("a", {"href": url(f"{BASE}/jobs", status="failed", kind=r["name"])}, r["dead"])
-            if r["dead"]
+            el("a", {"href": url(f"{BASE}/jobs", kind=r.name)}, r.name),
+            r.queued,
+            r.scheduled,
+            r.running,
+            el("a", {"href": url(f"{BASE}/jobs", status="failed", kind=r.name)}, r.dead)
+            if r.dead
             else 0,
-            duration(float(r["oldest_age"])),
+            duration(r.oldest_age),
             join(
-                el(
-                    "a", {"href": url(f"{BASE}/bulk", action="retry", kind=r["name"])}, "retry dead"
-                ),
+                el("a", {"href": url(f"{BASE}/bulk", action="retry", kind=r.name)}, "retry dead"),
                 " · ",
                 el(
                     "a",
-                    {"href": url(f"{BASE}/bulk", action="cancel", kind=r["name"])},
+                    {"href": url(f"{BASE}/bulk", action="cancel", kind=r.name)},
                     "cancel dead",
                 ),
             )
-            if r["dead"]
+            if r.dead
             else "",
         )
         for r in data.kinds
@@ -258,13 +256,11 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
             card("Workers alive", f"{len(alive)} / {len(data.workers)}", f"{BASE}/workers"),
             card(
                 "Queued (due)",
-                sum(int(r["queued"]) for r in data.kinds),
+                sum(r.queued for r in data.kinds),
                 f"{BASE}/jobs?status=queued",
             ),
-            card(
-                "Running", sum(int(r["running"]) for r in data.kinds), f"{BASE}/jobs?status=running"
-            ),
-            card("Dead", sum(int(r["dead"]) for r in data.kinds), f"{BASE}/jobs?status=failed"),
+            card("Running", sum(r.running for r in data.kinds), f"{BASE}/jobs?status=running"),
+            card("Dead", sum(r.dead for r in data.kinds), f"{BASE}/jobs?status=failed"),
         ),
         el("h2", None, "Per kind"),
         table(

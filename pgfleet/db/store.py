@@ -1,0 +1,684 @@
+"""The data layer: the one caller of pgfleet's SQL.
+
+:class:`Store` runs the named statements of ``queries.sql`` and ``console.sql`` on a
+pool or a connection. Each method is named after its query, takes keyword
+arguments, returns pgfleet values (:class:`Job`, :class:`WorkerInfo`, the small
+records below), and raises the library's errors, never the driver's (the claim
+loop's statements excepted: see :meth:`Store.job_complete_and_claim`). Nothing
+outside :mod:`pgfleet.db` executes a statement.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import cast
+from uuid import UUID
+
+from pgfleet.db.boundary import (
+    claimed_job,
+    is_connection_error,
+    job_from_record,
+    translate_errors,
+    worker_from_record,
+)
+from pgfleet.db.console import CQ
+from pgfleet.db.queries import Q
+from pgfleet.db.types import Connection, Executor, Pool, Record
+from pgfleet.jobs import Job, JobKeyMode, JobStatus, WorkerInfo
+
+__all__ = [
+    "CronRegistration",
+    "CronState",
+    "ForceUnlock",
+    "HeartbeatBeat",
+    "KindStats",
+    "RescuedRow",
+    "Store",
+    "TableHealth",
+    "claimed_job",
+    "is_connection_error",
+]
+
+# One translator per operation, made once: they hold nothing but the label.
+_ENQUEUE = translate_errors("enqueue")
+_ENQUEUE_MANY = translate_errors("enqueue_many")
+_GET = translate_errors("get")
+_RECENT = translate_errors("recent")
+_COUNTS = translate_errors("counts")
+_BACKLOG = translate_errors("runnable_backlog")
+_BACKLOG_BY_NAME = translate_errors("runnable_backlog_by_name")
+_STATUS = translate_errors("status")
+_STATUSES = translate_errors("statuses")
+_WORKERS = translate_errors("workers")
+_CANCEL = translate_errors("cancel")
+_RETRY = translate_errors("retry")
+_RESCHEDULE = translate_errors("reschedule")
+_PERMANENTLY_FAIL = translate_errors("permanently_fail")
+_COMPLETE = translate_errors("complete")
+_FORCE_UNLOCK = translate_errors("force_unlock_worker")
+_PRUNE = translate_errors("prune")
+_HEARTBEAT = translate_errors("heartbeat")
+_DEREGISTER = translate_errors("deregister")
+_RESCUE = translate_errors("rescue")
+_VACUUM_CHECK = translate_errors("vacuum check")
+_VACUUM = translate_errors("vacuum")
+_PING = translate_errors("ping")
+_METRICS = translate_errors("queue metrics")
+_CRON = translate_errors("cron")
+_CRON_PREPARE = translate_errors("cron prepare")
+_CONSOLE = translate_errors("console")
+
+_KEYED_QUERY = {
+    JobKeyMode.DEDUPE: Q.job_insert_keyed_dedupe,
+    JobKeyMode.REPLACE: Q.job_insert_keyed_replace,
+    JobKeyMode.PRESERVE_RUN_AT: Q.job_insert_keyed_preserve_run_at,
+}
+
+
+# ---------------------------------------------------------------- result records
+
+
+@dataclass(frozen=True, slots=True)
+class ForceUnlock:
+    """What ``worker_force_unlock`` did."""
+
+    requeued: int
+    failed: int
+    deregistered: bool
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatBeat:
+    """One heartbeat's answer."""
+
+    #: The worker was not registered (first beat, or declared dead meanwhile).
+    inserted: bool
+    started_at: datetime
+    #: This worker holds the fleet leadership after the beat.
+    leader: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RescuedRow:
+    """One line of ``job_rescue``: a recovered job, or (``job_id`` None) a worker
+    deregistered because its heartbeat expired."""
+
+    job_id: UUID | None
+    name: str | None
+    #: The job's new status, or ``"worker_expired"``.
+    status: str
+    worker_id: UUID
+
+
+@dataclass(frozen=True, slots=True)
+class TableHealth:
+    """Whether autovacuum looks after ``pgfleet.jobs``, and its tuple counts."""
+
+    autovacuum: bool
+    dead_tuples: int
+    live_tuples: int
+
+
+@dataclass(frozen=True, slots=True)
+class KindStats:
+    """Queue-level gauges of one job name (``queue_stats``)."""
+
+    name: str
+    queued: int
+    scheduled: int
+    oldest_age: float
+    running: int
+    dead: int
+
+
+@dataclass(frozen=True, slots=True)
+class CronState:
+    """A schedule's row in ``pgfleet.crons``."""
+
+    id: str
+    job_name: str
+    definition: str
+    last_occurrence: datetime
+    last_job_id: UUID | None
+
+
+@dataclass(frozen=True, slots=True)
+class CronRegistration:
+    """What ``cron_register`` changed (it returns nothing when nothing changed)."""
+
+    inserted: bool
+    definition: str
+    last_occurrence: datetime
+    previous_definition: str | None
+    previous_job_name: str | None
+
+
+# ---------------------------------------------------------------- the store
+
+
+class Store:
+    """pgfleet's statements, run on ``db``: a pool (each call takes a connection
+    of its own) or one connection (calls share its transaction).
+
+    :meth:`acquire` and :meth:`transaction` give a Store bound to one connection
+    for calls that must share it."""
+
+    __slots__ = ("db",)
+
+    def __init__(self, db: Executor) -> None:
+        self.db = db
+
+    @property
+    def connection(self) -> Connection:
+        """The connection this store is bound to (inside :meth:`acquire`)."""
+        return cast(Connection, self.db)
+
+    @contextlib.asynccontextmanager
+    async def acquire(self, what: str = "database call") -> AsyncIterator[Store]:
+        """A Store on one connection of the pool (this one when already bound to a
+        connection). Failing to get or give back the connection raises the
+        library's errors, labelled ``what``."""
+        db = self.db
+        if not hasattr(db, "acquire"):
+            yield self
+            return
+        with translate_errors(what):
+            async with cast(Pool, db).acquire() as conn:
+                yield Store(conn)
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, what: str = "database call") -> AsyncIterator[Store]:
+        """A Store on one connection inside a transaction (a savepoint when that
+        connection is already in one): committed when the block ends, rolled back
+        when it raises."""
+        async with self.acquire(what) as bound:
+            with translate_errors(what):
+                async with bound.connection.transaction():
+                    yield bound
+
+    # ------------------------------------------------------------ enqueue
+
+    async def job_insert_plain(
+        self, *, id: UUID, name: str, payload: str, max_attempts: int, notify: bool
+    ) -> None:
+        """One job with default options (``job_insert_plain``, or
+        ``job_insert_plain_notify`` when ``notify``). ``payload`` is JSON text."""
+        query = Q.job_insert_plain_notify if notify else Q.job_insert_plain
+        with _ENQUEUE:
+            await self.db.execute(query.sql, id, name, payload, max_attempts)
+
+    async def job_insert(
+        self,
+        *,
+        id: UUID,
+        name: str,
+        payload: str,
+        priority: int,
+        max_attempts: int,
+        queue_name: str | None,
+        run_at: datetime | None,
+        delay_seconds: float,
+        notify: bool,
+    ) -> None:
+        """One job (``job_insert``, or ``job_insert_notify`` when ``notify``); it
+        runs at ``run_at``, else ``delay_seconds`` from now."""
+        query = Q.job_insert_notify if notify else Q.job_insert
+        with _ENQUEUE:
+            await self.db.execute(
+                query.sql,
+                id,
+                name,
+                payload,
+                priority,
+                max_attempts,
+                queue_name,
+                run_at,
+                delay_seconds,
+            )
+
+    async def job_insert_many_plain(
+        self, *, ids: Sequence[UUID], names: Sequence[str], payloads: str, max_attempts: int
+    ) -> None:
+        """Jobs with default options; ``payloads`` is one JSON array, in id order."""
+        with _ENQUEUE_MANY:
+            await self.db.execute(Q.job_insert_many_plain.sql, ids, names, payloads, max_attempts)
+
+    async def job_insert_many(
+        self,
+        *,
+        ids: Sequence[UUID],
+        names: Sequence[str],
+        payloads: Sequence[str],
+        priorities: Sequence[int],
+        max_attempts: Sequence[int],
+        queue_names: Sequence[str | None],
+        run_ats: Sequence[datetime | None],
+        delays: Sequence[float],
+    ) -> None:
+        """Jobs without a key, one column per argument."""
+        with _ENQUEUE_MANY:
+            await self.db.execute(
+                Q.job_insert_many.sql,
+                ids,
+                names,
+                payloads,
+                priorities,
+                max_attempts,
+                queue_names,
+                run_ats,
+                delays,
+            )
+
+    async def job_insert_keyed(
+        self,
+        *,
+        mode: JobKeyMode,
+        ids: Sequence[UUID],
+        names: Sequence[str],
+        payloads: Sequence[str],
+        priorities: Sequence[int],
+        max_attempts: Sequence[int],
+        queue_names: Sequence[str | None],
+        job_keys: Sequence[str],
+        run_ats: Sequence[datetime | None],
+        delays: Sequence[float],
+    ) -> dict[str, UUID]:
+        """Keyed jobs in ``mode`` (``job_insert_keyed_dedupe``, ``_replace`` or
+        ``_preserve_run_at``): the id of each job it inserted or overwrote, by key."""
+        with _ENQUEUE_MANY:
+            rows = await self.db.fetch(
+                _KEYED_QUERY[mode].sql,
+                ids,
+                names,
+                payloads,
+                priorities,
+                max_attempts,
+                queue_names,
+                job_keys,
+                run_ats,
+                delays,
+            )
+        return {r["job_key"]: r["id"] for r in rows}
+
+    async def job_ids_by_active_key(self, *, keys: Sequence[str]) -> dict[str, UUID]:
+        """The queued or running job holding each of ``keys``, by key."""
+        with _ENQUEUE_MANY:
+            rows = await self.db.fetch(Q.job_ids_by_active_key.sql, keys)
+        return {r["job_key"]: r["id"] for r in rows}
+
+    async def notify_jobs(self) -> None:
+        """Wake the workers when (and if) the current transaction commits."""
+        with _ENQUEUE_MANY:
+            await self.db.execute(Q.notify_jobs.sql)
+
+    async def notify_wakeup(self) -> None:
+        """Wake the workers now (a committed enqueue's coalesced wakeup)."""
+        with _ENQUEUE:
+            await self.db.execute(Q.notify_wakeup.sql)
+
+    # ------------------------------------------------------------ reading jobs
+
+    async def job_get(self, *, id: UUID) -> Job | None:
+        with _GET:
+            row = await self.db.fetchrow(Q.job_get.sql, id)
+        return None if row is None else job_from_record(row)
+
+    async def job_status_get(self, *, id: UUID) -> JobStatus | None:
+        with _STATUS:
+            status = await self.db.fetchval(Q.job_status_get.sql, id)
+        return None if status is None else JobStatus(status)
+
+    async def job_status_many(self, *, ids: Sequence[UUID]) -> dict[UUID, JobStatus]:
+        with _STATUSES:
+            rows = await self.db.fetch(Q.job_status_many.sql, ids)
+        return {r["id"]: JobStatus(r["status"]) for r in rows}
+
+    async def job_list_recent(
+        self, *, status: JobStatus | None, name: str | None, limit: int
+    ) -> list[Job]:
+        """The newest jobs first, optionally of one status and one name."""
+        st = None if status is None else status.value
+        with _RECENT:
+            rows = await self.db.fetch(Q.job_list_recent.sql, st, name, limit)
+        return [job_from_record(r) for r in rows]
+
+    async def job_count_by_status(self) -> dict[JobStatus, int]:
+        """Jobs per status, for the statuses that have any."""
+        with _COUNTS:
+            rows = await self.db.fetch(Q.job_count_by_status.sql)
+        return {JobStatus(r["status"]): r["n"] for r in rows}
+
+    async def job_count_queued(self, *, name: str | None, limit: int | None) -> int:
+        """The runnable backlog (of one name, or all), counted up to ``limit``."""
+        with _BACKLOG:
+            return int(await self.db.fetchval(Q.job_count_queued.sql, name, limit))
+
+    async def job_count_queued_by_names(
+        self, *, names: Sequence[str], limit: int | None
+    ) -> dict[str, int]:
+        with _BACKLOG_BY_NAME:
+            rows = await self.db.fetch(Q.job_count_queued_by_names.sql, names, limit)
+        return {r["name"]: int(r["n"]) for r in rows}
+
+    # ------------------------------------------------------------ management
+
+    async def job_cancel(self, *, id: UUID) -> Job | None:
+        """The job cancelled, or None when it is not queued (or not there)."""
+        with _CANCEL:
+            row = await self.db.fetchrow(Q.job_cancel.sql, id)
+        return None if row is None else job_from_record(row)
+
+    async def job_retry(self, *, id: UUID) -> Job | None:
+        """The job queued again, or None when it is not failed or cancelled."""
+        with _RETRY:
+            row = await self.db.fetchrow(Q.job_retry.sql, id)
+        return None if row is None else job_from_record(row)
+
+    async def job_reschedule(
+        self, *, id: UUID, run_at: datetime | None, delay_seconds: float
+    ) -> tuple[Job, bool] | None:
+        """The job moved (and whether it is due now), or None when it is not queued."""
+        with _RESCHEDULE:
+            row = await self.db.fetchrow(Q.job_reschedule.sql, id, run_at, delay_seconds)
+        return None if row is None else (job_from_record(row), bool(row["due"]))
+
+    async def job_permanently_fail(self, *, id: UUID, reason: str) -> Job | None:
+        with _PERMANENTLY_FAIL:
+            row = await self.db.fetchrow(Q.job_permanently_fail.sql, id, reason)
+        return None if row is None else job_from_record(row)
+
+    async def job_complete(self, *, id: UUID) -> Job | None:
+        with _COMPLETE:
+            row = await self.db.fetchrow(Q.job_complete.sql, id)
+        return None if row is None else job_from_record(row)
+
+    async def job_prune_finished(self, *, older_than_seconds: float, batch_size: int) -> int:
+        """Delete one batch of jobs finished longer ago than the cutoff; how many."""
+        with _PRUNE:
+            return int(
+                await self.db.fetchval(Q.job_prune_finished.sql, older_than_seconds, batch_size)
+            )
+
+    async def worker_list(self) -> list[WorkerInfo]:
+        with _WORKERS:
+            rows = await self.db.fetch(Q.worker_list.sql)
+        return [worker_from_record(r) for r in rows]
+
+    async def worker_force_unlock(self, *, worker_id: UUID) -> ForceUnlock:
+        with _FORCE_UNLOCK:
+            row = await self.db.fetchrow(Q.worker_force_unlock.sql, worker_id)
+        assert row is not None  # a SELECT without FROM: always one row
+        return ForceUnlock(int(row["requeued"]), int(row["failed"]), bool(row["deregistered"]))
+
+    # ------------------------------------------------------------ claim loop
+    #
+    # The claim loop's statements raise the driver's errors untranslated: the loop
+    # classifies them itself (is_connection_error) and bounds them with its own
+    # timeouts, on a connection it holds across rounds.
+
+    async def job_complete_and_claim(
+        self,
+        *,
+        ids: Sequence[UUID],
+        tokens: Sequence[UUID | None],
+        kinds: Sequence[str],
+        delays: Sequence[float],
+        errors: Sequence[str | None],
+        worker_id: UUID,
+        job_names: Sequence[str],
+        queue_names: Sequence[str] | None,
+        limit: int,
+    ) -> list[Record]:
+        """The claim loop's one round trip: write the outcomes (one per ``ids``
+        entry, the other sequences aligned with it) and claim up to ``limit`` jobs.
+        Rows with ``claimed`` false are the outcomes applied (only ``id`` set); the
+        others are claimed jobs, for :func:`claimed_job`."""
+        return await self.db.fetch(
+            Q.job_complete_and_claim.sql,
+            ids,
+            tokens,
+            kinds,
+            delays,
+            errors,
+            worker_id,
+            job_names,
+            queue_names,
+            limit,
+        )
+
+    async def claim_session_begin(self) -> None:
+        """The claim connection's planner settings, for its whole session."""
+        await self.db.execute(Q.claim_session_begin.sql)
+
+    async def claim_session_end(self) -> None:
+        await self.db.execute(Q.claim_session_end.sql)
+
+    async def claim_transaction_begin(self) -> None:
+        """Behind a transaction-mode pooler: the claim round's own transaction,
+        carrying the planner settings."""
+        await self.db.execute(Q.claim_transaction_begin.sql)
+
+    async def claim_transaction_commit(self) -> None:
+        await self.db.execute(Q.claim_transaction_commit.sql)
+
+    async def claim_transaction_rollback(self) -> None:
+        await self.db.execute(Q.claim_transaction_rollback.sql)
+
+    async def job_release_unknown(self, *, worker_id: UUID, known_ids: Sequence[UUID]) -> int:
+        """Queue again every job ``worker_id`` holds but is not running (claimed by a
+        round whose answer was lost); how many."""
+        return int(await self.db.fetchval(Q.job_release_unknown.sql, worker_id, known_ids))
+
+    # ------------------------------------------------------------ worker services
+
+    async def worker_heartbeat(
+        self,
+        *,
+        id: UUID,
+        hostname: str,
+        pid: int,
+        concurrency: int,
+        job_names: Sequence[str],
+        queue_names: Sequence[str] | None,
+        version: str,
+        lease_seconds: float,
+        lead: bool,
+    ) -> HeartbeatBeat:
+        """Register or refresh the worker; take or renew the leadership if ``lead``."""
+        with _HEARTBEAT:
+            row = await self.db.fetchrow(
+                Q.worker_heartbeat.sql,
+                id,
+                hostname,
+                pid,
+                concurrency,
+                job_names,
+                queue_names,
+                version,
+                lease_seconds,
+                lead,
+            )
+        assert row is not None  # the upsert always returns its row
+        return HeartbeatBeat(bool(row["inserted"]), row["started_at"], bool(row["leader"]))
+
+    async def worker_deregister(self, *, worker_id: UUID) -> None:
+        with _DEREGISTER:
+            await self.db.execute(Q.worker_deregister.sql, worker_id)
+
+    async def job_rescue(self, *, limit: int) -> list[RescuedRow]:
+        """Recover up to ``limit`` jobs of expired workers; deregister those workers."""
+        with _RESCUE:
+            rows = await self.db.fetch(Q.job_rescue.sql, limit)
+        return [RescuedRow(r["id"], r["name"], r["status"], r["worker_id"]) for r in rows]
+
+    async def jobs_table_health(self) -> TableHealth | None:
+        with _VACUUM_CHECK:
+            row = await self.db.fetchrow(Q.jobs_table_health.sql)
+        if row is None:
+            return None
+        return TableHealth(
+            bool(row["autovacuum"]), int(row["dead_tuples"]), int(row["live_tuples"])
+        )
+
+    async def jobs_vacuum(self) -> None:
+        with _VACUUM:
+            await self.db.execute(Q.jobs_vacuum.sql)
+
+    async def ping(self) -> None:
+        """One round trip (the listener's keepalive)."""
+        with _PING:
+            await self.db.fetchval(Q.ping.sql)
+
+    # ------------------------------------------------------------ metrics
+
+    async def lease_acquire(self, *, role: str, holder: UUID, lease_seconds: float) -> bool:
+        """Take or renew the lease on ``role``; True when ``holder`` holds it."""
+        with _METRICS:
+            return bool(await self.db.fetchval(Q.lease_acquire.sql, role, holder, lease_seconds))
+
+    async def lease_release(self, *, role: str, holder: UUID) -> None:
+        with _METRICS:
+            await self.db.execute(Q.lease_release.sql, role, holder)
+
+    async def queue_stats(self) -> list[KindStats]:
+        with _METRICS:
+            rows = await self.db.fetch(Q.queue_stats.sql)
+        return [
+            KindStats(
+                r["name"],
+                int(r["queued"]),
+                int(r["scheduled"]),
+                float(r["oldest_age"]),
+                int(r["running"]),
+                int(r["dead"]),
+            )
+            for r in rows
+        ]
+
+    async def workers_alive(self) -> int:
+        with _METRICS:
+            return int(await self.db.fetchval(Q.workers_alive.sql))
+
+    # ------------------------------------------------------------ cron
+
+    async def cron_now(self) -> datetime:
+        """The database clock: the reference of every cron decision."""
+        with _CRON:
+            value: datetime = await self.db.fetchval(Q.cron_now.sql)
+        return value
+
+    async def cron_register(
+        self,
+        *,
+        id: str,
+        job_name: str,
+        definition: str,
+        last_occurrence: datetime,
+        latest: datetime,
+    ) -> CronRegistration | None:
+        """Record a schedule (see queries.sql); None when it was recorded as it is."""
+        with _CRON_PREPARE:
+            row = await self.db.fetchrow(
+                Q.cron_register.sql, id, job_name, definition, last_occurrence, latest
+            )
+        if row is None:
+            return None
+        return CronRegistration(
+            bool(row["inserted"]),
+            row["definition"],
+            row["last_occurrence"],
+            row["previous_definition"],
+            row["previous_job_name"],
+        )
+
+    async def cron_get(self, *, id: str) -> CronState | None:
+        with _CRON:
+            row = await self.db.fetchrow(Q.cron_get.sql, id)
+        if row is None:
+            return None
+        return CronState(
+            row["id"],
+            row["job_name"],
+            row["definition"],
+            row["last_occurrence"],
+            row["last_job_id"],
+        )
+
+    async def cron_advance(
+        self, *, id: str, definition: str, job_name: str, occurrence: datetime
+    ) -> datetime | None:
+        """Hand ``occurrence`` to the current transaction (compare-and-set); None
+        when refused."""
+        with _CRON:
+            value: datetime | None = await self.db.fetchval(
+                Q.cron_advance.sql, id, definition, job_name, occurrence
+            )
+        return value
+
+    async def cron_record_job(self, *, id: str, job_id: UUID) -> bool:
+        """Remember the occurrence's job; True when this transaction created it."""
+        with _CRON:
+            return bool(await self.db.fetchval(Q.cron_record_job.sql, id, job_id))
+
+    # ------------------------------------------------------------ console
+
+    async def console_jobs_window_end(
+        self, *, before: UUID, floor: UUID, offset: int
+    ) -> UUID | None:
+        with _CONSOLE:
+            value: UUID | None = await self.db.fetchval(
+                CQ.console_jobs_window_end.sql, before, floor, offset
+            )
+        return value
+
+    async def console_jobs_page(
+        self,
+        *,
+        status: JobStatus | None,
+        kind: str | None,
+        queue: str | None,
+        before: UUID,
+        floor: UUID,
+        limit: int,
+    ) -> list[Record]:
+        """A page of jobs (no payloads), newest first: the console reads its rows."""
+        st = None if status is None else status.value
+        with _CONSOLE:
+            return await self.db.fetch(
+                CQ.console_jobs_page.sql, st, kind, queue, before, floor, limit
+            )
+
+    async def console_now(self) -> datetime:
+        with _CONSOLE:
+            value: datetime = await self.db.fetchval(CQ.console_now.sql)
+        return value
+
+    async def console_leases(self) -> list[Record]:
+        with _CONSOLE:
+            return await self.db.fetch(CQ.console_leases.sql)
+
+    async def console_dead_count(self, *, kind: str) -> int:
+        with _CONSOLE:
+            return int(await self.db.fetchval(CQ.console_dead_count.sql, kind))
+
+    async def console_retry_dead(self, *, kind: str) -> tuple[int, int]:
+        """(retried, skipped because another job holds their key)."""
+        with _CONSOLE:
+            row = await self.db.fetchrow(CQ.console_retry_dead.sql, kind)
+        assert row is not None  # a SELECT without FROM: always one row
+        return int(row["retried"]), int(row["skipped"])
+
+    async def console_cancel_dead(self, *, kind: str) -> int:
+        with _CONSOLE:
+            return int(await self.db.fetchval(CQ.console_cancel_dead.sql, kind))
+
+    async def console_worker_jobs(self, *, worker_id: UUID, limit: int) -> list[Record]:
+        with _CONSOLE:
+            return await self.db.fetch(CQ.console_worker_jobs.sql, worker_id, limit)
+
+    async def console_crons(self) -> list[Record]:
+        with _CONSOLE:
+            return await self.db.fetch(CQ.console_crons.sql)

@@ -1,0 +1,52 @@
+"""The shapes of what pgfleet runs SQL on, as structural types.
+
+An application hands pgfleet an asyncpg pool (ours from ``create_pool``, its own, or
+a ``BoundedPool`` around either) or one of its connections; these protocols name
+the part of asyncpg's API the data layer uses, so that each of those type-checks
+without a common base class (asyncpg has none).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+
+from asyncpg import Record
+from asyncpg.transaction import Transaction
+
+if TYPE_CHECKING:
+    import asyncpg
+
+    from pgfleet.db.bounded import BoundedPool
+
+__all__ = ["AppPool", "Connection", "Executor", "Pool", "Record"]
+
+#: The pool an application hands pgfleet: asyncpg's (``create_pool``'s is one), or
+#: one wrapped in a BoundedPool.
+AppPool: TypeAlias = "asyncpg.Pool[Record] | BoundedPool"
+
+
+class Executor(Protocol):
+    """Anything that runs a statement: a pool or a connection."""
+
+    async def execute(self, query: str, *args: object) -> str: ...
+
+    async def fetch(self, query: str, *args: object) -> list[Record]: ...
+
+    async def fetchrow(self, query: str, *args: object) -> Record | None: ...
+
+    async def fetchval(self, query: str, *args: object) -> Any: ...
+
+
+class Connection(Executor, Protocol):
+    """One connection: statements on it can share a transaction."""
+
+    def transaction(self) -> Transaction: ...
+
+    def is_in_transaction(self) -> bool: ...
+
+
+class Pool(Executor, Protocol):
+    """A pool: each statement on a connection of its own, or one held for several."""
+
+    def acquire(self) -> AbstractAsyncContextManager[Connection]: ...
