@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +104,7 @@ class Pacer:
     missed slots instead of bursting to catch up, so the offered rate never
     exceeds the target."""
 
-    def __init__(self, period: float, clock: Any = time.monotonic) -> None:
+    def __init__(self, period: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.period = period
         self._clock = clock
         # A random phase spreads users over the period instead of firing together.

@@ -19,11 +19,11 @@ from tests.acceptance.api_support import (
     Fleet,
     Reply,
     call,
-    free_port,
     jobs_table,
     until,
 )
 from tests.apps.runtime_app import ensure_schema
+from tests.procs import free_port
 
 RESCUE_FLAGS = ("--heartbeat-interval", "0.5", "--dead-worker-timeout", "2")
 

@@ -422,9 +422,14 @@ async def test_bad_input_and_refused_actions_get_a_page_naming_the_problem(
         csrf = await page_csrf(http, f"{api.url}/ui/jobs/{dead}")
         before = await pool.fetchrow("SELECT * FROM pgfleet.jobs WHERE id = $1", dead)
         for action, form, status, says in (
-            ("cancel", {}, 409, "it is failed, and cancel applies only to queued jobs"),
-            ("reschedule", {}, 409, "reschedule applies only to queued jobs"),
-            ("fail", {}, 409, "applies only to queued or running jobs"),
+            (
+                "cancel",
+                dict[str, str](),
+                409,
+                "it is failed, and cancel applies only to queued jobs",
+            ),
+            ("reschedule", dict[str, str](), 409, "reschedule applies only to queued jobs"),
+            ("fail", dict[str, str](), 409, "applies only to queued or running jobs"),
         ):
             data = {"csrf": csrf, **form}
             async with http.post(f"{api.url}/ui/jobs/{dead}/{action}", data=data) as resp:

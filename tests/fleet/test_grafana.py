@@ -221,7 +221,8 @@ def test_kind_variable_lists_the_reference_kinds(prometheus: Prometheus) -> None
 
 
 def variable(name: str) -> dict[str, Any]:
-    (found,) = [v for v in DASH["templating"]["list"] if v["name"] == name]
+    matches: list[dict[str, Any]] = [v for v in DASH["templating"]["list"] if v["name"] == name]
+    (found,) = matches
     return found
 
 
