@@ -5,8 +5,8 @@
 - ``cpu``: burns ``{"ms": N}`` milliseconds of CPU in a worker thread.
 - ``fail``: always fails permanently (dead-job alerts and dashboards).
 - ``flaky``: fails its first ``{"failures": k}`` attempts, then succeeds (retries).
-- ``send_email``: idempotent per seed 000: it records its effect under a unique key
-  *before* "sending", so a re-run after a crash never sends twice.
+- ``send_email``: idempotent, since delivery is at-least-once: it records its effect
+  under a unique key *before* "sending", so a re-run after a crash never sends twice.
 - ``prune_sessions``: an infallible maintenance job run by the ``crons`` schedule.
 """
 

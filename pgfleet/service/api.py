@@ -1,4 +1,4 @@
-"""The HTTP jobs API: seed 004's 202 + Location service, backed by the durable queue.
+"""The HTTP jobs API: 202 Accepted + Location and a status record, backed by the durable queue.
 
 Accepting a job means it is committed in Postgres: the answer comes after the
 commit, so a 202 survives this process, the workers and the database restarting.

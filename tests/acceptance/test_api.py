@@ -1,5 +1,5 @@
-"""``pgfleet api`` as a real process over real HTTP and real Postgres: seed 004's
-behaviours in their durable form, bad input, auth, metrics and shutdown."""
+"""``pgfleet api`` as a real process over real HTTP and real Postgres: 202 + Location
+after commit, status records, backlog refusals, bad input, auth, metrics and shutdown."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ class TableGate:
             await self.conn.close()
 
 
-# ---------------------------------------------------------------- seed 004, durably
+# ------------------------------------------------ accepted means committed: 202, Location
 
 
 async def test_accepted_job_answers_202_location_and_a_queued_record(
