@@ -80,9 +80,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="handlers running at once per process [PGFLEET_CONCURRENCY] (default 16)",
     )
     parser.add_argument(
+        "--job-names",
+        default=env_default("JOB_NAMES"),
+        help="comma-separated job names to serve (default: all) [PGFLEET_JOB_NAMES]",
+    )
+    parser.add_argument(
         "--kinds",
         default=env_default("KINDS"),
-        help="comma-separated job names to serve (default: all) [PGFLEET_KINDS]",
+        help="deprecated spelling of --job-names [PGFLEET_KINDS]",
     )
     parser.add_argument(
         "--queues",
@@ -202,7 +207,7 @@ def build_config(args: argparse.Namespace) -> Any:
     return WorkerConfig(
         concurrency=concurrency,
         poll_interval=number("poll_interval"),
-        job_names=_names(args.kinds),
+        job_names=_names(args.job_names if args.job_names is not None else args.kinds),
         queue_names=_names(args.queues),
         shutdown_grace_period=number("shutdown_grace_period"),
         heartbeat_interval=number("heartbeat_interval"),

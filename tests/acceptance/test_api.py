@@ -153,7 +153,7 @@ async def test_status_moves_from_queued_through_running_to_succeeded(
 async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_written(
     fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
 ) -> None:
-    api = await fleet.api("--backlog-cap", "3", "--backlog-cap-per-kind", "2", "--retry-after", "7")
+    api = await fleet.api("--backlog-cap", "3", "--backlog-cap-per-name", "2", "--retry-after", "7")
     # A job due later is not runnable backlog: the three after it still fit.
     later = {"name": "a", "options": {"delay": 3600}}
     assert (await post_job(http, api.url, later)).status == 202
@@ -162,7 +162,7 @@ async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_wri
     before = await jobs_table(pool)
 
     refusals = {
-        "per kind": {"name": "a"},
+        "per name": {"name": "a"},
         "total": {"name": "c"},
         "total, as a batch": {"jobs": [{"name": "c"}]},
     }
@@ -171,6 +171,8 @@ async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_wri
         assert reply.status == 503, (case, reply.body)
         assert reply.headers.get("Retry-After") == "7", case
         assert "backlog" in reply.body["error"], case
+        if case == "per name":  # "kind" is the old key, kept for existing clients
+            assert reply.body["detail"]["name"] == reply.body["detail"]["kind"] == "a"
     too_big = await post_job(http, api.url, {"jobs": [{"name": "x"}] * 4})
     assert too_big.status == 413, "a batch larger than the cap could never be admitted"
     assert "Retry-After" not in too_big.headers

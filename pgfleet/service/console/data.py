@@ -28,15 +28,15 @@ def id_floor(moment: datetime) -> UUID:
 @dataclass(frozen=True, slots=True)
 class JobFilter:
     status: JobStatus | None = None
-    kind: str | None = None
+    name: str | None = None
     queue: str | None = None
     #: Created at or after / before (the id's timestamp).
     since: datetime | None = None
     until: datetime | None = None
 
     def __post_init__(self) -> None:
-        if self.kind is not None:
-            validate_name(self.kind, "kind")
+        if self.name is not None:
+            validate_name(self.name, "job name")
         if self.queue is not None:
             validate_name(self.queue, "queue name")
 
@@ -44,7 +44,7 @@ class JobFilter:
     def bounded(self) -> bool:
         """True when an index bounds the rows this filter reads; else pages read a
         window of the newest jobs below the cursor."""
-        no_column_filter = self.kind is None and self.queue is None
+        no_column_filter = self.name is None and self.queue is None
         if self.status is None:
             return no_column_filter
         if self.status in INDEXED_STATUSES:
@@ -67,7 +67,7 @@ class JobPage:
 @dataclass(frozen=True, slots=True)
 class Overview:
     now: datetime
-    kinds: list[Any]
+    names: list[Any]
     workers: list[WorkerInfo]
     leases: list[Any]
 
@@ -97,7 +97,7 @@ class ConsoleData:
                         lower = max(lower, end)
                         searched_to = end
                 rows = await conn.fetch(
-                    CQ.console_jobs_page.sql, status, f.kind, f.queue, upper, lower, limit + 1
+                    CQ.console_jobs_page.sql, status, f.name, f.queue, upper, lower, limit + 1
                 )
         older = rows[limit - 1]["id"] if len(rows) > limit else None
         if older is not None:
@@ -108,32 +108,32 @@ class ConsoleData:
         with translate_errors("console overview"):
             async with self.pool.acquire() as conn:
                 now = await conn.fetchval(CQ.console_now.sql)
-                kinds = await conn.fetch(Q.queue_stats.sql)
+                names = await conn.fetch(Q.queue_stats.sql)
                 leases = await conn.fetch(CQ.console_leases.sql)
         workers = await self.queue.workers()
-        return Overview(now, sorted(kinds, key=lambda r: r["name"]), workers, list(leases))
+        return Overview(now, sorted(names, key=lambda r: r["name"]), workers, list(leases))
 
     async def now(self) -> datetime:
         with translate_errors("console now"):
             value: datetime = await self.pool.fetchval(CQ.console_now.sql)
         return value
 
-    async def dead_count(self, kind: str) -> int:
-        validate_name(kind, "kind")
+    async def dead_count(self, name: str) -> int:
+        validate_name(name, "job name")
         with translate_errors("console dead count"):
-            return int(await self.pool.fetchval(CQ.console_dead_count.sql, kind))
+            return int(await self.pool.fetchval(CQ.console_dead_count.sql, name))
 
-    async def retry_dead(self, kind: str) -> tuple[int, int]:
+    async def retry_dead(self, name: str) -> tuple[int, int]:
         """(retried, skipped because another job holds their key)."""
-        validate_name(kind, "kind")
+        validate_name(name, "job name")
         with translate_errors("console bulk retry"):
-            row = await self.pool.fetchrow(CQ.console_retry_dead.sql, kind)
+            row = await self.pool.fetchrow(CQ.console_retry_dead.sql, name)
         return int(row["retried"]), int(row["skipped"])
 
-    async def cancel_dead(self, kind: str) -> int:
-        validate_name(kind, "kind")
+    async def cancel_dead(self, name: str) -> int:
+        validate_name(name, "job name")
         with translate_errors("console bulk cancel"):
-            return int(await self.pool.fetchval(CQ.console_cancel_dead.sql, kind))
+            return int(await self.pool.fetchval(CQ.console_cancel_dead.sql, name))
 
     async def worker_jobs(self, worker_id: UUID, limit: int = 100) -> list[Any]:
         with translate_errors("console worker jobs"):
