@@ -1,4 +1,4 @@
-"""Job kinds of the reference fleet (``pgfleet worker --app worker.app:registry``).
+"""Jobs of the reference fleet, by name (``pgfleet worker --app worker.app:registry``).
 
 - ``noop``: does nothing (throughput and pickup-latency measurements).
 - ``sleep``: awaits ``{"ms": N}`` milliseconds (I/O-bound work).
@@ -83,7 +83,7 @@ def cpu(job: Job, payload: Millis) -> None:
 
 @registry.job("fail")
 async def fail(job: Job) -> None:
-    raise PermanentError("the fail kind always fails")
+    raise PermanentError("the fail job always fails")
 
 
 @registry.job("flaky")

@@ -30,7 +30,7 @@ import pytest
 from tests.compose.stack import ROOT, Stack, Steps, engine_problem, run, versions, wait_until
 
 #: The reference app's kinds (worker/app.py) that the API step runs.
-KINDS = ("noop", "sleep", "cpu", "send_email", "fail")
+JOB_NAMES = ("noop", "sleep", "cpu", "send_email", "fail")
 
 _problem = engine_problem()
 pytestmark = [
@@ -213,7 +213,7 @@ def test_compose_fleet_end_to_end(stack: Stack, steps: Steps) -> None:
                 ),
             }
             complete = (
-                all(set(KINDS) <= set(values) for values in found.values())
+                all(set(JOB_NAMES) <= set(values) for values in found.values())
                 and found["dead"]["fail"] >= 1
                 and 0.05 <= found["p95 duration"]["sleep"] < 10
             )
