@@ -35,10 +35,10 @@ venv: $(VENV)/.installed ## create .venv with everything the tests need
 test: venv ## run the test suite against a real PostgreSQL (see README: finding Postgres)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-lint: venv ## ruff (lint + format check) and mypy --strict on pgfleet/
+lint: venv ## ruff (lint + format check) and mypy --strict on all Python in the repo
 	$(VENV)/bin/ruff check pgfleet tests tools worker loadtest
 	$(VENV)/bin/ruff format --check pgfleet tests tools worker loadtest
-	$(VENV)/bin/mypy pgfleet
+	$(VENV)/bin/mypy
 
 format: venv ## apply ruff's formatting and safe fixes
 	$(VENV)/bin/ruff format pgfleet tests tools worker loadtest

@@ -32,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,7 +157,7 @@ class Hpa:
         self.up_events: list[tuple[float, int]] = []
         self.down_events: list[tuple[float, int]] = []
 
-    def proposal(self, metrics: dict[str, float]) -> int:
+    def proposal(self, metrics: Mapping[str, float]) -> int:
         """The largest replica count any metric asks for (before behaviour)."""
         current = self.replicas
         best = 0
@@ -223,7 +224,7 @@ class Hpa:
         # Scaling down, "Max" means the biggest change: the lowest limit.
         return max(limits) if rules.select == "Min" else min(limits)
 
-    def sync(self, now: float, metrics: dict[str, float]) -> int:
+    def sync(self, now: float, metrics: Mapping[str, float]) -> int:
         """One controller sync: the new replica count."""
         cfg = self.config
         desired = self._stabilize(now, self.proposal(metrics))

@@ -96,7 +96,7 @@ def _shared(environment: Any, settings: Settings) -> _Shared:
     state = getattr(environment, "pgfleet_db", None)
     if state is None:
         state = environment.pgfleet_db = _Shared(settings)
-    return state  # type: ignore[no-any-return]
+    return state
 
 
 class DbEnqueuer(GracefulStop, User):
@@ -152,16 +152,16 @@ class DbEnqueuer(GracefulStop, User):
 
     def _write(self, conn: psycopg.Connection[Any], n: int) -> None:
         notify_in_tx = self.settings.notify == "transaction"
-        kind = self.settings.kind
+        name = self.settings.job_name
         seq = self.shared.seq
         self.shared.seq += n
         if n == 1:
             query = Q.job_insert_plain_notify if notify_in_tx else Q.job_insert_plain
             payload = json.dumps({"n": seq})
-            conn.execute(query.sql, (_ids.uuid7(), kind, payload, DEFAULT_MAX_ATTEMPTS))
+            conn.execute(query.sql, (_ids.uuid7(), name, payload, DEFAULT_MAX_ATTEMPTS))
             return
         ids = _ids.uuid7_batch(n)
-        args = (ids, [kind] * n, json.dumps([{"n": seq + i} for i in range(n)]))
+        args = (ids, [name] * n, json.dumps([{"n": seq + i} for i in range(n)]))
         if not notify_in_tx:
             conn.execute(Q.job_insert_many_plain.sql, (*args, DEFAULT_MAX_ATTEMPTS))
             return
@@ -170,7 +170,7 @@ class DbEnqueuer(GracefulStop, User):
             conn.execute(Q.notify_jobs.sql)
 
 
-@events.test_stop.add_listener
+@events.test_stop.add_listener  # type: ignore[untyped-decorator]  # locust: unannotated
 def _report_notifications(environment: Any, **_kw: Any) -> None:
     state = getattr(environment, "pgfleet_db", None)
     if state is not None and state.notifier.sent:

@@ -91,14 +91,14 @@ async def find_postgres() -> Postgres:
     if await _connects(LOCAL_DSN):
         return Postgres(LOCAL_DSN, "local server on 127.0.0.1:5432")
     try:
-        import pgserver  # type: ignore[import-untyped]
+        from pgserver.postgres_server import get_server
     except ImportError:
         raise SystemExit(
             "no PostgreSQL: set PGFLEET_DATABASE_URL, run one on 127.0.0.1:5432, "
             "or install the embedded extra (pip install 'pgfleet[embedded]')"
         ) from None
     data = tempfile.mkdtemp(prefix="pgfleet-loadtest-pgdata-")
-    server = pgserver.get_server(data, cleanup_mode="stop")
+    server = get_server(data, cleanup_mode="stop")
     pg = Postgres(server.get_uri(), "embedded pgserver")
     pg._cleanup.append(lambda: shutil.rmtree(data, ignore_errors=True))
     pg._cleanup.append(server.cleanup)

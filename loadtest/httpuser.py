@@ -50,7 +50,7 @@ class HttpEnqueuer(GracefulStop, FastHttpUser):
         n = self.shared.budget.take(self.settings.batch)
         if n == 0:
             stop_spent(self, self.shared.budget)
-        jobs = job_bodies(self.settings.kind, n, self.shared.seq)
+        jobs = job_bodies(self.settings.job_name, n, self.shared.seq)
         self.shared.seq += n
         body: Any = jobs[0] if n == 1 else {"jobs": jobs}
         with self.client.post(

@@ -47,7 +47,7 @@ else:
     raise SystemExit(f"LOADTEST_USER must be 'http' or 'db', got {USER!r}")
 
 
-@events.init_command_line_parser.add_listener
+@events.init_command_line_parser.add_listener  # type: ignore[untyped-decorator]  # locust: unannotated
 def _options(parser: object, **_kw: object) -> None:
     users.add_arguments(parser)
 

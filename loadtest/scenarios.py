@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -488,4 +489,11 @@ async def _soak_measured(
     }
 
 
-RUNNERS = {"contention": contention, "drain": drain, "steady": steady, "soak": soak}
+# Each runner takes its own parameter class; the profile table pairs them by name.
+Runner = Callable[[Context, Any], Awaitable[list[dict[str, Any]]]]
+RUNNERS: dict[str, Runner] = {
+    "contention": contention,
+    "drain": drain,
+    "steady": steady,
+    "soak": soak,
+}

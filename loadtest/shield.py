@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import gevent
 from locust.exception import StopUser
-from locust.user.users import LOCUST_STATE_STOPPING
+from locust.user.task import LOCUST_STATE_STOPPING
 
 from loadtest.users import Budget
 

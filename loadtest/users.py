@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,10 +19,12 @@ NOTIFY_MODES = ("transaction", "coalesced", "off")
 def add_arguments(parser: Any) -> None:
     """Locust command-line options of the pgfleet users (``LOCUST_*`` variables too)."""
     parser.add_argument(
-        "--job-kind",
+        "--job-name",
+        "--job-kind",  # the old spelling
+        dest="job_name",
         default="noop",
-        env_var="LOCUST_JOB_KIND",
-        help="job name to enqueue (worker.app kinds: noop, sleep, cpu, ...)",
+        env_var="LOCUST_JOB_NAME",
+        help="job name to enqueue (worker.app's jobs: noop, sleep, cpu, ...)",
     )
     parser.add_argument(
         "--batch-size",
@@ -103,7 +106,7 @@ class Pacer:
     missed slots instead of bursting to catch up, so the offered rate never
     exceeds the target."""
 
-    def __init__(self, period: float, clock: Any = time.monotonic) -> None:
+    def __init__(self, period: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.period = period
         self._clock = clock
         # A random phase spreads users over the period instead of firing together.
@@ -144,14 +147,14 @@ class Budget:
         return n
 
 
-def job_bodies(kind: str, n: int, seq: int) -> list[dict[str, Any]]:
+def job_bodies(name: str, n: int, seq: int) -> list[dict[str, Any]]:
     """``n`` HTTP job objects. The payload is small and varies, like real ones."""
-    return [{"name": kind, "payload": {"n": seq + i}} for i in range(n)]
+    return [{"name": name, "payload": {"n": seq + i}} for i in range(n)]
 
 
 @dataclass(frozen=True)
 class Settings:
-    kind: str
+    job_name: str
     batch: int
     target_rate: float
     total_jobs: int
@@ -164,7 +167,7 @@ class Settings:
         if options.batch_size < 1:
             raise ValueError(f"--batch-size must be at least 1, got {options.batch_size}")
         return cls(
-            kind=options.job_kind,
+            job_name=options.job_name,
             batch=options.batch_size,
             target_rate=options.target_rate,
             total_jobs=options.total_jobs,

@@ -193,6 +193,8 @@ class ConfigOption:
     #: Never on a command line (``ps`` shows those): child processes get it in the
     #: environment.
     secret: bool = False
+    #: An older spelling still accepted: (flag, variable without prefix).
+    deprecated: tuple[str, str] | None = None
 
     @property
     def variable(self) -> str:
@@ -268,10 +270,11 @@ WORKER_OPTIONS: tuple[ConfigOption, ...] = (
     ),
     ConfigOption(
         "job_names",
-        "--kinds",
-        "KINDS",
+        "--job-names",
+        "JOB_NAMES",
         "comma-separated job names to serve (default: all)",
         kind="names",
+        deprecated=("--kinds", "KINDS"),
     ),
     ConfigOption(
         "queue_names",

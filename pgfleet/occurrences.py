@@ -36,7 +36,7 @@ def aware(value: datetime, what: str) -> datetime:
 def _at(day: date, hour: int, minute: int, zone: tzinfo) -> datetime:
     """The instant of a local wall-clock time (UTC).
 
-    ``fold=0`` gives the seed's rules: a time in a forward gap takes the offset from
+    ``fold=0`` gives the usual daylight-saving rules: a time in a forward gap takes the offset from
     before the transition, so it lands after the gap, moved forward by its length;
     a repeated time resolves to its first (earlier) instant.
     """

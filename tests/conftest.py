@@ -18,10 +18,11 @@ import pytest
 
 from tests import pgharness
 
+new_uvloop: Callable[[], asyncio.AbstractEventLoop] | None
 try:
-    import uvloop
+    from uvloop import new_event_loop as new_uvloop
 except ImportError:  # pragma: no cover - uvloop is a dev dependency
-    uvloop = None
+    new_uvloop = None
 
 
 def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[[], Any]]:
@@ -31,8 +32,8 @@ def pytest_asyncio_loop_factories(config: Any, item: Any) -> dict[str, Callable[
         Path(str(getattr(item, "path", ""))).parent.name in ("acceptance", "fleet", "kubernetes")
         or os.environ.get("PGFLEET_TEST_LOOPS") == "asyncio"
     )
-    if uvloop is not None and not only_default:
-        factories["uvloop"] = uvloop.new_event_loop
+    if new_uvloop is not None and not only_default:
+        factories["uvloop"] = new_uvloop
     return factories
 
 

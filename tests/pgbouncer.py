@@ -108,9 +108,9 @@ def start(server_dsn: str, pool_mode: str, *, pool_size: int = 4) -> Bouncer:
 
     while True:
         if process.poll() is not None:
-            err = (directory / "stderr.log").read_text(errors="replace")
+            stderr = (directory / "stderr.log").read_text(errors="replace")
             shutil.rmtree(directory, ignore_errors=True)
-            raise RuntimeError(f"pgbouncer exited at start: {err}{bouncer.log()}")
+            raise RuntimeError(f"pgbouncer exited at start: {stderr}{bouncer.log()}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
             return bouncer
         if time.monotonic() > deadline:

@@ -88,7 +88,7 @@ def find_server() -> Server:
             if asyncio.run(_can_connect(dsn)):
                 return Server(dsn, "local server on 127.0.0.1:5432")
     if _docker_answers():
-        from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
+        from testcontainers.postgres import PostgresContainer
 
         container = PostgresContainer("postgres:15.8-alpine", driver=None)
         container.start()
@@ -96,14 +96,14 @@ def find_server() -> Server:
         server._cleanup.append(container.stop)
         return server
     try:
-        import pgserver  # type: ignore[import-untyped]
+        from pgserver.postgres_server import get_server
     except ImportError:
         raise RuntimeError(
             "no PostgreSQL for the tests: set PGFLEET_TEST_DSN, run a server on "
             "127.0.0.1:5432, start Docker, or `pip install pgserver`"
         ) from None
     data = tempfile.mkdtemp(prefix="pgfleet-pgdata-")
-    embedded = pgserver.get_server(data, cleanup_mode="stop")
+    embedded = get_server(data, cleanup_mode="stop")
     server = Server(embedded.get_uri(), "embedded pgserver")
     server._cleanup.append(lambda: shutil.rmtree(data, ignore_errors=True))
     server._cleanup.append(embedded.cleanup)

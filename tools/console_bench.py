@@ -6,7 +6,7 @@
 Creates (or reuses, with --keep) the database ``pgfleet_console_bench`` on the server
 of ``--dsn`` (default: PGFLEET_BENCH_DSN or 127.0.0.1:5432), fills ``pgfleet.jobs``
 with a realistic history (mostly succeeded, some dead, cancelled, queued, scheduled
-and running jobs over 30 days, eight kinds, a few named queues), then serves the
+and running jobs over 30 days, eight job names, a few named queues), then serves the
 console in this process and times every page over real HTTP: the server's own render
 time (its Server-Timing header) and the wall time the client saw. It reports; it
 asserts nothing about time.
@@ -40,7 +40,7 @@ INSERT INTO pgfleet.jobs (id, name, payload, status, attempt, max_attempts, prio
                           last_error, locked_by, lock_token)
 SELECT (lpad(to_hex((extract(epoch FROM t.created) * 1000)::bigint), 12, '0') || '7'
         || substr(md5(i::text), 1, 3) || '8' || substr(md5(i::text), 4, 15))::uuid,
-       t.kind,
+       t.job_name,
        jsonb_build_object('n', i, 'note', 'benchmark row'),
        t.status::pgfleet.job_status,
        CASE t.status WHEN 'queued' THEN 0 WHEN 'failed' THEN 5 ELSE 1 END,
@@ -60,8 +60,8 @@ FROM generate_series(1, $1::int) AS i,
 LATERAL (
     SELECT now() - make_interval(secs => 30 * 86400.0 * ($1::int - i) / $1::int) AS created,
            (ARRAY['send_email', 'resize_image', 'sync_prices', 'charge_card', 'webhook',
-                  'report', 'cleanup', 'rare_kind'])[
-               CASE WHEN i % 1000 = 0 THEN 8 ELSE 1 + (i::bigint * 7919 % 7)::int END] AS kind,
+                  'report', 'cleanup', 'rare_job'])[
+               CASE WHEN i % 1000 = 0 THEN 8 ELSE 1 + (i::bigint * 7919 % 7)::int END] AS job_name,
            CASE WHEN i > $1::int - 20 AND i % 2 = 0 THEN 'running'
                 WHEN i % 100 < 2 THEN 'failed'
                 WHEN i % 100 = 2 THEN 'cancelled'
@@ -132,15 +132,15 @@ async def pages(dsn: str) -> list[tuple[str, str]]:
         ("jobs, newest", "/ui/jobs"),
         ("jobs, page from the middle", f"/ui/jobs?before={middle}"),
         ("jobs, dead", "/ui/jobs?status=failed"),
-        ("jobs, dead of one kind", "/ui/jobs?status=failed&kind=charge_card"),
-        ("jobs, rare kind (0.1%)", "/ui/jobs?kind=rare_kind"),
+        ("jobs, dead of one name", "/ui/jobs?status=failed&name=charge_card"),
+        ("jobs, rare name (0.1%)", "/ui/jobs?name=rare_job"),
         ("jobs, named queue", "/ui/jobs?queue=tenant-3"),
         ("jobs, queued", "/ui/jobs?status=queued"),
         ("jobs, running", "/ui/jobs?status=running"),
         ("jobs, one day a week ago", "/ui/jobs?from=" + _days_ago(8) + "&to=" + _days_ago(7)),
         ("jobs, dead, a week ago", "/ui/jobs?status=failed&to=" + _days_ago(7)),
         ("job", f"/ui/jobs/{dead}"),
-        ("bulk retry confirmation", "/ui/bulk?action=retry&kind=send_email"),
+        ("bulk retry confirmation", "/ui/bulk?action=retry&name=send_email"),
         ("workers", "/ui/workers"),
         ("crons", "/ui/crons"),
     ]

@@ -1,12 +1,12 @@
-"""Job kinds of the reference fleet (``pgfleet worker --app worker.app:registry``).
+"""Jobs of the reference fleet, by name (``pgfleet worker --app worker.app:registry``).
 
 - ``noop``: does nothing (throughput and pickup-latency measurements).
 - ``sleep``: awaits ``{"ms": N}`` milliseconds (I/O-bound work).
 - ``cpu``: burns ``{"ms": N}`` milliseconds of CPU in a worker thread.
 - ``fail``: always fails permanently (dead-job alerts and dashboards).
 - ``flaky``: fails its first ``{"failures": k}`` attempts, then succeeds (retries).
-- ``send_email``: idempotent per seed 000: it records its effect under a unique key
-  *before* "sending", so a re-run after a crash never sends twice.
+- ``send_email``: idempotent, since delivery is at-least-once: it records its effect
+  under a unique key *before* "sending", so a re-run after a crash never sends twice.
 - ``prune_sessions``: an infallible maintenance job run by the ``crons`` schedule.
 """
 
@@ -83,7 +83,7 @@ def cpu(job: Job, payload: Millis) -> None:
 
 @registry.job("fail")
 async def fail(job: Job) -> None:
-    raise PermanentError("the fail kind always fails")
+    raise PermanentError("the fail job always fails")
 
 
 @registry.job("flaky")

@@ -638,7 +638,7 @@ class Store:
         self,
         *,
         status: JobStatus | None,
-        kind: str | None,
+        name: str | None,
         queue: str | None,
         before: UUID,
         floor: UUID,
@@ -648,7 +648,7 @@ class Store:
         st = None if status is None else status.value
         with _CONSOLE:
             return await self.db.fetch(
-                CQ.console_jobs_page.sql, st, kind, queue, before, floor, limit
+                CQ.console_jobs_page.sql, st, name, queue, before, floor, limit
             )
 
     async def console_now(self) -> datetime:
@@ -660,20 +660,20 @@ class Store:
         with _CONSOLE:
             return await self.db.fetch(CQ.console_leases.sql)
 
-    async def console_dead_count(self, *, kind: str) -> int:
+    async def console_dead_count(self, *, name: str) -> int:
         with _CONSOLE:
-            return int(await self.db.fetchval(CQ.console_dead_count.sql, kind))
+            return int(await self.db.fetchval(CQ.console_dead_count.sql, name))
 
-    async def console_retry_dead(self, *, kind: str) -> tuple[int, int]:
+    async def console_retry_dead(self, *, name: str) -> tuple[int, int]:
         """(retried, skipped because another job holds their key)."""
         with _CONSOLE:
-            row = await self.db.fetchrow(CQ.console_retry_dead.sql, kind)
+            row = await self.db.fetchrow(CQ.console_retry_dead.sql, name)
         assert row is not None  # a SELECT without FROM: always one row
         return int(row["retried"]), int(row["skipped"])
 
-    async def console_cancel_dead(self, *, kind: str) -> int:
+    async def console_cancel_dead(self, *, name: str) -> int:
         with _CONSOLE:
-            return int(await self.db.fetchval(CQ.console_cancel_dead.sql, kind))
+            return int(await self.db.fetchval(CQ.console_cancel_dead.sql, name))
 
     async def console_worker_jobs(self, *, worker_id: UUID, limit: int) -> list[Record]:
         with _CONSOLE:

@@ -1,4 +1,4 @@
-"""The HTTP jobs API: seed 004's 202 + Location service, backed by the durable queue.
+"""The HTTP jobs API: 202 Accepted + Location and a status record, backed by the durable queue.
 
 Accepting a job means it is committed in Postgres: the answer comes after the
 commit, so a 202 survives this process, the workers and the database restarting.
@@ -66,7 +66,7 @@ class ApiConfig:
     #: Refuse with 503 when the runnable backlog would exceed this (0: no cap).
     backlog_cap: int = 0
     #: The same, per job name (0: no cap).
-    backlog_cap_per_kind: int = 0
+    backlog_cap_per_name: int = 0
     #: Seconds in the Retry-After header of a 503 that is worth retrying.
     retry_after: int = 1
     #: Bearer token every /jobs request must carry (None: no authentication).
@@ -319,8 +319,8 @@ class JobsApi:
         """Refuse (503 + Retry-After) work that would take the runnable backlog over
         its cap. The check precedes the insert, so concurrent requests can overshoot
         a cap by their own size: a soft cap, exact when requests come one at a time."""
-        cap, per_kind = self.config.backlog_cap, self.config.backlog_cap_per_kind
-        if not cap and not per_kind:
+        cap, per_name = self.config.backlog_cap, self.config.backlog_cap_per_name
+        if not cap and not per_name:
             return
         incoming = collections.Counter(req.name for req in body.requests)
         size = len(body.requests)
@@ -335,19 +335,20 @@ class JobsApi:
                     {"backlog": backlog, "cap": cap},
                     headers=self._retry_after,
                 )
-        if per_kind:
+        if per_name:
             biggest, count = incoming.most_common(1)[0]
-            if count > per_kind:
-                raise _over_cap_forever(f"{count} {biggest!r} jobs", "the per-kind cap", per_kind)
-            backlogs = await self.queue.runnable_backlog_by_name(incoming, at_most=per_kind)
+            if count > per_name:
+                raise _over_cap_forever(f"{count} {biggest!r} jobs", "the per-name cap", per_name)
+            backlogs = await self.queue.runnable_backlog_by_name(incoming, at_most=per_name)
             for name, n in sorted(incoming.items()):
                 backlog = backlogs.get(name, 0)
-                if backlog + n > per_kind:
+                if backlog + n > per_name:
                     raise RequestError(
                         503,
                         f"backlog of {name!r} full: {backlog} runnable jobs, "
-                        f"cap {per_kind} per kind; retry later",
-                        {"kind": name, "backlog": backlog, "cap": per_kind},
+                        f"cap {per_name} per job name; retry later",
+                        # "kind" is the old key of "name", kept for existing clients.
+                        {"name": name, "kind": name, "backlog": backlog, "cap": per_name},
                         headers=self._retry_after,
                     )
 

@@ -71,8 +71,8 @@ _INTEGERS: tuple[tuple[str, str, int, int, int, str], ...] = (
         "refuse with 503 when the runnable backlog would exceed this (0: no cap)",
     ),
     (
-        "--backlog-cap-per-kind",
-        "API_BACKLOG_CAP_PER_KIND",
+        "--backlog-cap-per-name",
+        "API_BACKLOG_CAP_PER_NAME",
         0,
         0,
         2**62,
@@ -101,6 +101,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             default=env_default(env, default),
             help=f"{text} [PGFLEET_{env}] (default {default})",
         )
+    parser.add_argument(
+        "--backlog-cap-per-kind",
+        dest="backlog_cap_per_name",
+        default=argparse.SUPPRESS,
+        help="deprecated spelling of --backlog-cap-per-name [PGFLEET_API_BACKLOG_CAP_PER_KIND]",
+    )
+    if env_default("API_BACKLOG_CAP_PER_NAME") is None:
+        old = env_default("API_BACKLOG_CAP_PER_KIND")
+        if old is not None:
+            parser.set_defaults(backlog_cap_per_name=old)
     parser.add_argument(
         "--shutdown-timeout",
         default=env_default("API_SHUTDOWN_TIMEOUT", 30.0),
@@ -208,7 +218,7 @@ def build_config(args: argparse.Namespace) -> Any:
         max_batch=args.max_batch,
         max_payload_bytes=args.max_payload_bytes,
         backlog_cap=args.backlog_cap,
-        backlog_cap_per_kind=args.backlog_cap_per_kind,
+        backlog_cap_per_name=args.backlog_cap_per_name,
         retry_after=args.retry_after,
         auth_token=args.auth_token.strip() if args.auth_token else None,
         known_names=known,
@@ -253,10 +263,10 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
     queue.on_enqueued = ProcessMetrics(registry, worker=False).count_enqueued
     # The API competes for the fleet's metrics lease too: the backlog gauges keep
     # coming while every worker is down, which is when they matter most.
-    kinds: Any = config.known_names
-    if kinds is None and args.app:
-        kinds = load_registry(args.app).names()
-    stats = QueueStats(BoundedPool(pool, args.database_timeout), kinds or ())
+    names: Any = config.known_names
+    if names is None and args.app:
+        names = load_registry(args.app).names()
+    stats = QueueStats(BoundedPool(pool, args.database_timeout), names or ())
     registry.register(stats)
     api = JobsApi(queue, config, ApiMetrics(registry))
     servers: list[Server] = []

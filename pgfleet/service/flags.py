@@ -74,7 +74,15 @@ def add_option(parser: argparse.ArgumentParser, option: ConfigOption) -> None:
         extra["type"] = _ARGTYPES[option.kind]
     if option.choices:
         extra["choices"] = option.choices
-    parser.add_argument(option.flag, default=env_default(option.env, default), help=text, **extra)
+    flags = [option.flag]
+    if option.deprecated is not None:
+        old_flag, old_env = option.deprecated
+        flags.append(old_flag)
+        default = env_default(old_env, default)
+        text += f"; {old_flag} and PGFLEET_{old_env} are its deprecated spellings"
+    parser.add_argument(
+        *flags, dest=option.dest, default=env_default(option.env, default), help=text, **extra
+    )
 
 
 def add_config_options(

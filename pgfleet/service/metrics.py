@@ -5,10 +5,11 @@ events and cost a few dictionary operations on the event loop: the claim loop ne
 waits on an exporter. Queue-level gauges (queued, scheduled, running, oldest age,
 dead, workers alive) come from the database at scrape time and are exported only by
 the holder of the fleet's ``metrics`` lease, so a fleet of replicas scraped together
-reports each kind once.
+reports each job name once.
 
-Labels are the job name (``kind``), the outcome and the wakeup source: never job
-ids, payloads or worker ids.
+Labels are the job name (the label is called ``kind``: the dashboards and alert
+rules select on it), the outcome and the wakeup source: never job ids, payloads or
+worker ids.
 """
 
 from __future__ import annotations
@@ -144,25 +145,25 @@ class WorkerMetrics(WorkerEvents):
         self._pickup: dict[str, Any] = {}
         self._done: dict[tuple[str, str], tuple[Any, Any]] = {}
 
-    def prime(self, kinds: Iterable[str]) -> None:
-        """Create the series of every served kind so they exist before any job."""
-        for kind in kinds:
-            self._pickup_for(kind)
+    def prime(self, names: Iterable[str]) -> None:
+        """Create the series of every served job name so they exist before any job."""
+        for name in names:
+            self._pickup_for(name)
             for outcome in ("succeeded", "retried", "failed"):
-                self._done_for(kind, outcome)
+                self._done_for(name, outcome)
 
-    def _pickup_for(self, kind: str) -> Any:
-        child = self._pickup.get(kind)
+    def _pickup_for(self, name: str) -> Any:
+        child = self._pickup.get(name)
         if child is None:
-            child = self._pickup[kind] = self.m.pickup.labels(kind)
+            child = self._pickup[name] = self.m.pickup.labels(name)
         return child
 
-    def _done_for(self, kind: str, outcome: str) -> tuple[Any, Any]:
-        pair = self._done.get((kind, outcome))
+    def _done_for(self, name: str, outcome: str) -> tuple[Any, Any]:
+        pair = self._done.get((name, outcome))
         if pair is None:
-            pair = self._done[kind, outcome] = (
-                self.m.duration.labels(kind, outcome),
-                self.m.finished.labels(kind, outcome),
+            pair = self._done[name, outcome] = (
+                self.m.duration.labels(name, outcome),
+                self.m.finished.labels(name, outcome),
             )
         return pair
 
@@ -190,16 +191,16 @@ class QueueStats(Collector):
     Every process that serves metrics (workers and API processes alike) carries
     one, and they compete for the ``metrics`` lease at scrape time: only the holder
     runs the query and exports the gauges, so replicas scraped together report each
-    kind once, and the gauges outlive the loss of every worker as long as any
+    job name once, and the gauges outlive the loss of every worker as long as any
     process is scraped. ``refresh`` is async; ``collect`` (called synchronously by
     prometheus_client while rendering) yields the last result.
     """
 
     ROLE = "metrics"
 
-    def __init__(self, pool: Pool, known_kinds: Iterable[str] = (), lease: float = 45.0):
+    def __init__(self, pool: Pool, known_names: Iterable[str] = (), lease: float = 45.0):
         self._store = Store(pool)
-        self._known = set(known_kinds)
+        self._known = set(known_names)
         self._lease = lease
         self.holder = uuid.uuid4()
         self.holding = False
@@ -261,9 +262,9 @@ class QueueStats(Collector):
             seen.add(row.name)
             for key, family in families.items():
                 family.add_metric([row.name], float(getattr(row, key)))
-        for kind in sorted(self._known - seen):
+        for name in sorted(self._known - seen):
             for family in families.values():
-                family.add_metric([kind], 0.0)
+                family.add_metric([name], 0.0)
         yield from families.values()
         yield GaugeMetricFamily(
             "pgfleet_workers_alive", "Registered workers with a live heartbeat.", value=self._alive

@@ -32,7 +32,10 @@ T = TypeVar("T")
 
 
 async def until(
-    check: Callable[[], Awaitable[T]], what: str, timeout: float = DEADLINE, every: float = 0.05
+    check: Callable[[], Awaitable[T | None]],
+    what: str,
+    timeout: float = DEADLINE,
+    every: float = 0.05,
 ) -> T:
     """Poll ``check`` until it returns something truthy; fail naming ``what``."""
     deadline = time.monotonic() + timeout

@@ -1,5 +1,5 @@
-"""``pgfleet api`` as a real process over real HTTP and real Postgres: seed 004's
-behaviours in their durable form, bad input, auth, metrics and shutdown."""
+"""``pgfleet api`` as a real process over real HTTP and real Postgres: 202 + Location
+after commit, status records, backlog refusals, bad input, auth, metrics and shutdown."""
 
 from __future__ import annotations
 
@@ -19,11 +19,11 @@ from tests.acceptance.api_support import (
     Fleet,
     Reply,
     call,
-    free_port,
     jobs_table,
     until,
 )
 from tests.apps.runtime_app import ensure_schema
+from tests.procs import free_port
 
 RESCUE_FLAGS = ("--heartbeat-interval", "0.5", "--dead-worker-timeout", "2")
 
@@ -90,7 +90,7 @@ class TableGate:
             await self.conn.close()
 
 
-# ---------------------------------------------------------------- seed 004, durably
+# ------------------------------------------------ accepted means committed: 202, Location
 
 
 async def test_accepted_job_answers_202_location_and_a_queued_record(
@@ -153,7 +153,7 @@ async def test_status_moves_from_queued_through_running_to_succeeded(
 async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_written(
     fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
 ) -> None:
-    api = await fleet.api("--backlog-cap", "3", "--backlog-cap-per-kind", "2", "--retry-after", "7")
+    api = await fleet.api("--backlog-cap", "3", "--backlog-cap-per-name", "2", "--retry-after", "7")
     # A job due later is not runnable backlog: the three after it still fit.
     later = {"name": "a", "options": {"delay": 3600}}
     assert (await post_job(http, api.url, later)).status == 202
@@ -162,7 +162,7 @@ async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_wri
     before = await jobs_table(pool)
 
     refusals = {
-        "per kind": {"name": "a"},
+        "per name": {"name": "a"},
         "total": {"name": "c"},
         "total, as a batch": {"jobs": [{"name": "c"}]},
     }
@@ -186,6 +186,19 @@ async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_wri
     )
     assert (await call(http, "POST", f"{api.url}/jobs/{a_job}/cancel")).status == 200
     assert (await post_job(http, api.url, {"name": "c"})).status == 202
+    assert await api.stop() == 0
+
+
+async def test_per_name_cap_names_the_job_and_takes_the_old_flag(
+    fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    api = await fleet.api("--backlog-cap-per-kind", "1")  # the deprecated spelling
+    assert (await post_job(http, api.url, {"name": "a"})).status == 202
+    assert (await post_job(http, api.url, {"name": "b"})).status == 202
+    reply = await post_job(http, api.url, {"name": "a"})
+    assert reply.status == 503, reply.body
+    # "kind" is the detail's old key for the same name, kept for existing clients.
+    assert reply.body["detail"] == {"name": "a", "kind": "a", "backlog": 1, "cap": 1}
     assert await api.stop() == 0
 
 

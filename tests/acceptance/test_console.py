@@ -162,7 +162,7 @@ async def test_operator_finds_a_dead_job_retries_it_and_watches_it_succeed(
     # Find the dead job by filter.
     await page.click("nav a:text('Jobs')")
     await page.select_option("#f-status", "failed")
-    await page.fill("#f-kind", "charge_card")
+    await page.fill("#f-name", "charge_card")
     await page.click("form.filters button[type=submit]")
     await page.wait_for_url(re.compile(r"status=failed"))
     assert await page.locator("tbody tr").count() == dead
@@ -194,7 +194,7 @@ async def test_operator_finds_a_dead_job_retries_it_and_watches_it_succeed(
 
     # Bulk retry: the confirmation states how many.
     await page.goto(f"{api.url}/ui/")
-    await page.click("a[href='/ui/bulk?action=retry&kind=charge_card']")
+    await page.click("a[href='/ui/bulk?action=retry&name=charge_card']")
     left = await dead_count(pool, "charge_card")
     assert left == len(others)
     confirm = await page.locator("#confirm-text").inner_text()
@@ -341,7 +341,7 @@ async def test_actions_need_the_session_cookie_the_csrf_token_and_this_origin(
             "/ui/workers",
             "/ui/crons",
             f"/ui/jobs/{job}/payload",
-            "/ui/bulk?action=retry&kind=charge_card",
+            "/ui/bulk?action=retry&name=charge_card",
         ):
             async with http.get(f"{api.url}{path}", allow_redirects=False) as resp:
                 assert resp.status == 200, path
@@ -404,11 +404,12 @@ async def test_bad_input_and_refused_actions_get_a_page_naming_the_problem(
         await login(http, api.url)
         for path, status, says in (
             ("/ui/jobs?status=lost", 400, "unknown status &#x27;lost&#x27;"),
-            ("/ui/jobs?kind=no%20spaces", 400, "invalid kind"),
+            ("/ui/jobs?name=no%20spaces", 400, "invalid job name"),
+            ("/ui/jobs?kind=no%20spaces", 400, "invalid job name"),  # the old parameter
             ("/ui/jobs?from=yesterday", 400, "from must be a date and time"),
             ("/ui/jobs?before=nope", 400, "before must be a UUID"),
             ("/ui/jobs/00000000-0000-7000-8000-000000000000", 404, "no job"),
-            ("/ui/bulk?action=explode&kind=charge_card", 400, "action must be retry or cancel"),
+            ("/ui/bulk?action=explode&name=charge_card", 400, "action must be retry or cancel"),
             (
                 "/ui/workers/00000000-0000-4000-8000-000000000000/unlock",
                 404,
@@ -422,9 +423,14 @@ async def test_bad_input_and_refused_actions_get_a_page_naming_the_problem(
         csrf = await page_csrf(http, f"{api.url}/ui/jobs/{dead}")
         before = await pool.fetchrow("SELECT * FROM pgfleet.jobs WHERE id = $1", dead)
         for action, form, status, says in (
-            ("cancel", {}, 409, "it is failed, and cancel applies only to queued jobs"),
-            ("reschedule", {}, 409, "reschedule applies only to queued jobs"),
-            ("fail", {}, 409, "applies only to queued or running jobs"),
+            (
+                "cancel",
+                dict[str, str](),
+                409,
+                "it is failed, and cancel applies only to queued jobs",
+            ),
+            ("reschedule", dict[str, str](), 409, "reschedule applies only to queued jobs"),
+            ("fail", dict[str, str](), 409, "applies only to queued or running jobs"),
         ):
             data = {"csrf": csrf, **form}
             async with http.post(f"{api.url}/ui/jobs/{dead}/{action}", data=data) as resp:

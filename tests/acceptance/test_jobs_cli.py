@@ -13,8 +13,9 @@ from typing import Any
 import asyncpg
 
 from pgfleet import EnqueueOptions, Queue
-from tests.acceptance.api_support import ROOT, free_port, jobs_table
+from tests.acceptance.api_support import ROOT, jobs_table
 from tests.helpers import put_in_state, register_worker
+from tests.procs import free_port
 
 
 @dataclass

@@ -68,7 +68,7 @@ async def test_three_workers_scraped_together(
             tmp_path,
             "--metrics-port",
             str(base + i),
-            "--kinds",
+            "--job-names",
             "record,fail,flaky",
             "--backoff-base",
             "0.05",

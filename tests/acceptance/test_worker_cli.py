@@ -57,6 +57,10 @@ APP = "tests.apps.runtime_app:registry"
             "concurrency must be an integer from 1 to 10000",
         ),
         (
+            ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--job-names", "ghost"],
+            "job_names ['ghost'] have no handler",
+        ),
+        (  # the deprecated spelling still works
             ["worker", "--dsn", "postgresql://h/db", "--app", APP, "--kinds", "ghost"],
             "job_names ['ghost'] have no handler",
         ),

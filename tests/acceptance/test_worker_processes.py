@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import signal
+from collections.abc import Awaitable
 from pathlib import Path
 
 import asyncpg
@@ -61,8 +62,8 @@ async def test_three_processes_run_every_job_exactly_once(
     }
 
 
-async def _equals(value: object, want: int) -> bool:
-    return await value == want  # type: ignore[misc]
+async def _equals(value: Awaitable[int], want: int) -> bool:
+    return await value == want
 
 
 async def test_sigkill_mid_job_is_recovered_by_another_worker(

@@ -10,7 +10,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -446,7 +446,7 @@ class Run:
 
 # --- draining under a fault ----------------------------------------------------------
 
-Fault = Callable[[Run], Awaitable[None]]
+Fault = Callable[[Run], Coroutine[Any, Any, None]]
 
 
 @dataclass

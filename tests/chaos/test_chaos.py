@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -139,7 +140,7 @@ async def fault_refuse(run: Run) -> None:
 
 @dataclass(frozen=True)
 class Scenario:
-    fault: Callable[[Run], Awaitable[None]]
+    fault: Callable[[Run], Coroutine[Any, Any, None]]
     label: str
     # How long after the heal an execution may still have been cut by the fault: the
     # hung connections stay hung until the worker's client-side bound drops them.
@@ -421,7 +422,7 @@ async def _stuck(cluster: PrivateCluster, tmp_path: Path) -> Row:
             got = await run.monitor.fetch(
                 "SELECT status::text AS s FROM pgfleet.jobs WHERE id = $1", stuck_id
             )
-            return bool(got) and got[0]["s"] == "failed"
+            return got is not None and len(got) > 0 and got[0]["s"] == "failed"
 
         drain = await harness.drain_under_fault(run, len(ids), None, 0)
         buried = await stuck_failed()

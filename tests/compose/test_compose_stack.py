@@ -30,7 +30,7 @@ import pytest
 from tests.compose.stack import ROOT, Stack, Steps, engine_problem, run, versions, wait_until
 
 #: The reference app's kinds (worker/app.py) that the API step runs.
-KINDS = ("noop", "sleep", "cpu", "send_email", "fail")
+JOB_NAMES = ("noop", "sleep", "cpu", "send_email", "fail")
 
 _problem = engine_problem()
 pytestmark = [
@@ -213,7 +213,7 @@ def test_compose_fleet_end_to_end(stack: Stack, steps: Steps) -> None:
                 ),
             }
             complete = (
-                all(set(KINDS) <= set(values) for values in found.values())
+                all(set(JOB_NAMES) <= set(values) for values in found.values())
                 and found["dead"]["fail"] >= 1
                 and 0.05 <= found["p95 duration"]["sleep"] < 10
             )
@@ -365,10 +365,12 @@ def test_compose_fleet_end_to_end(stack: Stack, steps: Steps) -> None:
             timeout=300,
         )  # fmt: skip
         stats = results / "compose_stats.csv"
-        for path in (stats, results / "compose_stats_history.csv"):
-            assert path.stat().st_mtime >= started - 1, f"{path} was not written by this run"
-            assert path.stat().st_uid == os.getuid(), f"{path} is owned by {path.stat().st_uid}"
-            assert os.access(path, os.R_OK | os.W_OK), path
+        for written in (stats, results / "compose_stats_history.csv"):
+            assert written.stat().st_mtime >= started - 1, f"{written} was not written by this run"
+            assert written.stat().st_uid == os.getuid(), (
+                f"{written} is owned by {written.stat().st_uid}"
+            )
+            assert os.access(written, os.R_OK | os.W_OK), written
         with stats.open() as f:
             aggregated = [row for row in csv.DictReader(f) if row["Name"] == "Aggregated"]
         assert aggregated and int(aggregated[0]["Request Count"]) > 0, aggregated

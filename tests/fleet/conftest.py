@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.fleet.support import REFERENCE_KINDS, RULES, Prometheus, binary
+from tests.fleet.support import REFERENCE_JOB_NAMES, RULES, Prometheus, binary
 
 
 class _FakeConnection:
@@ -62,9 +62,9 @@ class StandInWorker:
         self.registry = CollectorRegistry()
         self.metrics = ProcessMetrics(self.registry)
         self.events = WorkerMetrics(self.metrics, lambda: 5, concurrency=16)
-        self.events.prime(REFERENCE_KINDS)
+        self.events.prime(REFERENCE_JOB_NAMES)
         self.events.leader_changed(True)
-        self.stats = QueueStats(_FakePool(self), REFERENCE_KINDS)
+        self.stats = QueueStats(_FakePool(self), REFERENCE_JOB_NAMES)
         self.registry.register(self.stats)
         self.ticks = 0
         self.lock = threading.Lock()
@@ -79,12 +79,12 @@ class StandInWorker:
                 "oldest_age": float(self.ticks + i),
                 "dead": self.ticks // 5 if kind in ("fail", "flaky") else 0,
             }
-            for i, kind in enumerate(REFERENCE_KINDS)
+            for i, kind in enumerate(REFERENCE_JOB_NAMES)
         ]
 
     def advance(self) -> None:
         self.ticks += 1
-        for i, kind in enumerate(REFERENCE_KINDS):
+        for i, kind in enumerate(REFERENCE_JOB_NAMES):
             job: Any = SimpleNamespace(name=kind)  # all the events read is .name
             for n in range(3):
                 self.events.job_started(job, pickup_delay=0.002 * (n + 1) * (i + 1))

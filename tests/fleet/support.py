@@ -33,7 +33,7 @@ ALERTS = RULES / "alerts.yml"
 ALERTS_SHORT = RULES / "alerts-test.yml"
 
 #: The reference application's job kinds (worker/app.py).
-REFERENCE_KINDS = ("noop", "sleep", "cpu", "fail", "flaky", "send_email")
+REFERENCE_JOB_NAMES = ("noop", "sleep", "cpu", "fail", "flaky", "send_email")
 
 
 def binary(name: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 
 from tests.fleet.support import (
     GRAFANA,
-    REFERENCE_KINDS,
+    REFERENCE_JOB_NAMES,
     Prometheus,
     alert_rules,
     backlog_rule,
@@ -208,7 +208,7 @@ def test_every_panel_query_finds_pgfleet_series(
     assert result, f"{title}: no series for {expr} (is a metric or label misnamed?)"
     if title in PER_KIND_PANELS:
         kinds = {series["metric"].get("kind") for series in result}
-        assert set(REFERENCE_KINDS) <= kinds, (title, kinds)
+        assert set(REFERENCE_JOB_NAMES) <= kinds, (title, kinds)
 
 
 def test_kind_variable_lists_the_reference_kinds(prometheus: Prometheus) -> None:
@@ -217,18 +217,19 @@ def test_kind_variable_lists_the_reference_kinds(prometheus: Prometheus) -> None
     assert match
     body = prometheus.api(f"label/{match.group(2)}/values", **{"match[]": match.group(1)})
     assert body["status"] == "success"
-    assert set(REFERENCE_KINDS) <= set(body["data"])
+    assert set(REFERENCE_JOB_NAMES) <= set(body["data"])
 
 
 def variable(name: str) -> dict[str, Any]:
-    (found,) = [v for v in DASH["templating"]["list"] if v["name"] == name]
+    matches: list[dict[str, Any]] = [v for v in DASH["templating"]["list"] if v["name"] == name]
+    (found,) = matches
     return found
 
 
 def test_grafana_alert_query_runs(prometheus: Prometheus) -> None:
     (rule,) = alerting()["groups"][0]["rules"]
     expr = rule["data"][0]["model"]["expr"]
-    assert {s["metric"]["kind"] for s in prometheus.wait_for(expr)} >= set(REFERENCE_KINDS)
+    assert {s["metric"]["kind"] for s in prometheus.wait_for(expr)} >= set(REFERENCE_JOB_NAMES)
 
 
 def test_recording_and_alert_rules_evaluate_without_errors(prometheus: Prometheus) -> None:

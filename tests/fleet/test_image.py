@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.fleet.support import DOCKERFILE, ROOT, free_port
+from tests.fleet.support import DOCKERFILE, ROOT
+from tests.procs import free_port
 
 HEALTHCHECK = ROOT / "worker" / "healthcheck.py"
 

@@ -29,7 +29,7 @@ import pytest
 
 from tests.fleet.support import (
     ALERTS_SHORT,
-    REFERENCE_KINDS,
+    REFERENCE_JOB_NAMES,
     ROOT,
     Prometheus,
     backlog_rule,
@@ -131,7 +131,7 @@ async def test_native_fleet_serves_every_panel_and_alerts_on_a_stopped_fleet(
         for title, expr in panel_queries():
             if title not in CORE_PANELS:
                 continue
-            for kind in REFERENCE_KINDS:
+            for kind in REFERENCE_JOB_NAMES:
                 found = await series(prom, for_kind(expr, kind), f"{title} for {kind}")
                 if CORE_PANELS[title]:
                     assert {s["metric"].get("kind") for s in found} == {kind}, (title, found)
@@ -157,7 +157,7 @@ async def test_native_fleet_serves_every_panel_and_alerts_on_a_stopped_fleet(
             lambda: _firing(prom), DEADLINE, f"{BACKLOG_ALERT} to fire with the workers stopped"
         )
         assert fleet.producer.stats.accepted > accepted, "the producer kept going"
-        assert {a["labels"]["kind"] for a in firing} <= set(REFERENCE_KINDS)
+        assert {a["labels"]["kind"] for a in firing} <= set(REFERENCE_JOB_NAMES)
         assert all(a["labels"]["severity"] == "page" for a in firing)
         assert all(a["annotations"]["summary"] for a in firing)
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from pgfleet.service.api_schema import Limits, parse_enqueue
-from tests.fleet.support import ALERTS_SHORT, DEPLOY, REFERENCE_KINDS, binary, load_yaml, run
+from tests.fleet.support import ALERTS_SHORT, DEPLOY, REFERENCE_JOB_NAMES, binary, load_yaml, run
 from tools.fleet import FleetConfig, Ports, mixed_job, prometheus_config, uses_checked_in_config
 from tools.fleet.config import write_prometheus_config
-from tools.fleet.producer import KINDS
+from tools.fleet.producer import JOB_NAMES
 from tools.fleet.summary import Totals, parse
 
 
@@ -98,11 +98,11 @@ def test_config_refuses_settings_that_cannot_work(
 
 
 def test_demo_mix_covers_the_reference_kinds_and_the_api_accepts_it() -> None:
-    assert set(KINDS) == set(REFERENCE_KINDS)
+    assert set(JOB_NAMES) == set(REFERENCE_JOB_NAMES)
     rng = random.Random(6)
     jobs = [mixed_job(rng) for _ in range(2000)]
     kinds = collections.Counter(job["name"] for job in jobs)
-    assert set(kinds) == set(REFERENCE_KINDS)
+    assert set(kinds) == set(REFERENCE_JOB_NAMES)
     assert kinds["fail"] < kinds["flaky"] < kinds["noop"]  # failures are the minority
     body = parse_enqueue({"jobs": jobs[:1000]}, Limits())
     assert [r.name for r in body.requests] == [j["name"] for j in jobs[:1000]]

@@ -5,11 +5,23 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 import asyncpg
 
 from pgfleet import Job, Registry, Worker, WorkerConfig, WorkerEvents
+
+
+class Timings(TypedDict):
+    """The `WorkerConfig` timings tests pass as ``**FAST`` (typed, so mypy checks them)."""
+
+    poll_interval: float
+    heartbeat_interval: float
+    dead_worker_timeout: float
+
+
+#: Short timings so tests see rescues and polls quickly.
+FAST: Timings = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
 
 
 class Recorder(WorkerEvents):

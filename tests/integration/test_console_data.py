@@ -69,7 +69,7 @@ async def test_pages_walk_every_job_newest_first_without_gaps_or_repeats(
     [
         (JobFilter(status=JobStatus.FAILED), "status = 'failed'", ()),
         (
-            JobFilter(status=JobStatus.FAILED, kind="email"),
+            JobFilter(status=JobStatus.FAILED, name="email"),
             "status = 'failed' AND name = $1",
             ("email",),
         ),
@@ -78,11 +78,11 @@ async def test_pages_walk_every_job_newest_first_without_gaps_or_repeats(
             "status = 'queued' AND queue_name = $1",
             ("tenant-a",),
         ),
-        (JobFilter(kind="rare"), "name = $1", ("rare",)),
+        (JobFilter(name="rare"), "name = $1", ("rare",)),
         (JobFilter(queue="tenant-a"), "queue_name = $1", ("tenant-a",)),
         (JobFilter(status=JobStatus.CANCELLED), "status = 'cancelled'", ()),
         (
-            JobFilter(status=JobStatus.SUCCEEDED, kind="resize"),
+            JobFilter(status=JobStatus.SUCCEEDED, name="resize"),
             "status = 'succeeded' AND name = $1",
             ("resize",),
         ),
@@ -104,7 +104,7 @@ async def test_a_search_no_index_serves_stops_after_its_window(
     pool: asyncpg.Pool, mixed: Queue
 ) -> None:
     data = ConsoleData(pool, mixed, window=16)
-    page = await data.jobs(JobFilter(kind="rare"), None, 50)
+    page = await data.jobs(JobFilter(name="rare"), None, 50)
     newest16 = (await ids(pool))[:16]
     assert [r["id"] for r in page.rows] == [
         i for i in newest16 if i in set(await ids(pool, "name = 'rare'"))
@@ -167,8 +167,8 @@ async def test_bulk_cancel_sets_dead_jobs_of_one_kind_aside(pool: asyncpg.Pool) 
 
 
 def test_filters_refuse_invalid_names() -> None:
-    with pytest.raises(InvalidName, match="kind"):
-        JobFilter(kind="no spaces")
+    with pytest.raises(InvalidName, match="job name"):
+        JobFilter(name="no spaces")
     with pytest.raises(InvalidName, match="queue name"):
         JobFilter(queue="x" * 200)
 

@@ -47,11 +47,12 @@ def service(pool: asyncpg.Pool, *crons: CronJob, poll: float = 1.0) -> CronServi
 
 
 async def cron_jobs(pool: asyncpg.Pool, name: str | None = None) -> list[asyncpg.Record]:
-    return await pool.fetch(
+    rows: list[asyncpg.Record] = await pool.fetch(
         "SELECT id, name, job_key, run_at, status::text AS status, created_at "
         "FROM pgfleet.jobs WHERE $1::text IS NULL OR name = $1 ORDER BY run_at, id",
         name,
     )
+    return rows
 
 
 async def cron_row(pool: asyncpg.Pool, cron_id: str) -> asyncpg.Record:

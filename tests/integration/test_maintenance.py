@@ -11,9 +11,7 @@ from pgfleet import EnqueueOptions, EnqueueRequest, Job, Queue, Registry, Worker
 from pgfleet.testing import drain
 from tests.apps import runtime_app
 from tests.helpers import put_in_state, register_worker
-from tests.integration.conftest import Recorder, running_worker
-
-FAST = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
+from tests.integration.conftest import FAST, Recorder, running_worker
 
 
 async def test_the_leader_prunes_old_finished_jobs_in_batches(pool: asyncpg.Pool) -> None:
@@ -140,12 +138,12 @@ async def test_each_job_runs_in_a_span_without_its_payload(pool: asyncpg.Pool) -
     from pgfleet._runtime import tracing
 
     original = tracing._tracer
-    tracing._tracer = lambda: provider.get_tracer("pgfleet")  # type: ignore[assignment]
+    tracing._tracer = lambda: provider.get_tracer("pgfleet")
     try:
         job_id = await Queue(pool).enqueue("traced", {"secret": "hunter2"})
         await drain(pool, registry)
     finally:
-        tracing._tracer = original  # type: ignore[assignment]
+        tracing._tracer = original
     (span,) = exporter.get_finished_spans()
     assert span.name == "pgfleet.job traced"
     assert span.attributes is not None

@@ -29,9 +29,7 @@ from pgfleet import (
 )
 from pgfleet.db.bounded import BoundedPool, DatabaseTimeout, close_pool
 from tests.chaos.proxy import ChaosProxy
-from tests.integration.conftest import Recorder, running_worker
-
-FAST = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
+from tests.integration.conftest import FAST, Recorder, running_worker
 
 
 def _through(dsn: str, port: int) -> str:

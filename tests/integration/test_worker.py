@@ -33,16 +33,15 @@ from pgfleet import (
 )
 from pgfleet.testing import drain, run_job
 from tests.apps import runtime_app
-from tests.integration.conftest import Recorder, running_worker
-
-FAST = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
+from tests.integration.conftest import FAST, Recorder, running_worker
 
 
 async def executions(pool: asyncpg.Pool, name: str | None = None) -> list[asyncpg.Record]:
     await runtime_app.ensure_schema(pool)
-    return await pool.fetch(
+    rows: list[asyncpg.Record] = await pool.fetch(
         "SELECT * FROM public.executions WHERE $1::text IS NULL OR name = $1 ORDER BY seq", name
     )
+    return rows
 
 
 async def status_counts(pool: asyncpg.Pool) -> dict[str, int]:

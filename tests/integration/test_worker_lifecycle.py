@@ -22,9 +22,7 @@ from pgfleet import (
 from pgfleet._runtime.cron_runner import Outcome
 from tests.apps import runtime_app
 from tests.helpers import Gate
-from tests.integration.conftest import Recorder
-
-FAST = {"poll_interval": 0.2, "heartbeat_interval": 0.5, "dead_worker_timeout": 2.0}
+from tests.integration.conftest import FAST, Recorder
 
 
 async def test_cancelling_run_leaves_no_claim_loop_and_no_running_job(
@@ -77,9 +75,7 @@ async def test_a_crashed_claim_loop_still_drains_running_handlers(pool: asyncpg.
     worker = Worker(pool, runtime_app.registry, WorkerConfig(concurrency=4, **FAST), events=events)
     with pytest.raises(RuntimeError, match="a bug in the claim loop"):
         await worker.run()
-    counts = dict(
-        await pool.fetch("SELECT status::text, count(*) FROM pgfleet.jobs GROUP BY 1")  # type: ignore[arg-type]
-    )
+    counts = dict(await pool.fetch("SELECT status::text, count(*) FROM pgfleet.jobs GROUP BY 1"))
     assert counts == {"succeeded": 4}  # the handlers finished and their outcomes were written
     assert await queue.workers() == []
 

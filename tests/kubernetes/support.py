@@ -62,5 +62,8 @@ def find(objects: list[dict[str, Any]], kind: str, name: str | None = None) -> d
 
 
 def trigger(scaled_object: dict[str, Any], name: str) -> dict[str, Any]:
-    (found,) = [t for t in scaled_object["spec"]["triggers"] if t["name"] == name]
+    matches: list[dict[str, Any]] = [
+        t for t in scaled_object["spec"]["triggers"] if t["name"] == name
+    ]
+    (found,) = matches
     return found

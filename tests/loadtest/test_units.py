@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import sys
 from pathlib import Path
 
@@ -45,7 +46,7 @@ class FakeClock:
 def test_pacer_keeps_an_absolute_schedule_and_skips_missed_slots(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(users.random, "random", lambda: 0.0)
+    monkeypatch.setattr(random, "random", lambda: 0.0)
     clock = FakeClock()
     pacer = users.Pacer(0.5, clock)
     assert pacer.wait() == pytest.approx(0.5)

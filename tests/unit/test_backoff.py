@@ -1,4 +1,4 @@
-"""Retry delays: the schedule of the seeds, the cap, and the jitter bounds."""
+"""Retry delays: the doubling schedule, the cap, and the jitter bounds."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ def test_schedule_without_jitter(base: float, cap: float, expected: list[float])
     assert got == expected
 
 
-def test_seed_worked_example_reaches_sixteen_minutes() -> None:
+def test_a_fifteen_second_base_rides_out_a_sixteen_minute_outage() -> None:
+    # 15, 30, 60, 120, 240, 480 s: six retries span 945 s, so an outage of up to
+    # almost sixteen minutes is absorbed by retries instead of failing the job.
     total = sum(retry_delay(a, base=15, cap=10_000, jitter=0) for a in range(1, 7))
     assert total == 945
 

@@ -99,13 +99,13 @@ def test_login_only_returns_to_a_console_page() -> None:
 
 def test_filters_no_index_serves_are_read_in_windows() -> None:
     assert JobFilter().bounded
-    assert JobFilter(status=JobStatus.FAILED, kind="k", queue="q").bounded
-    assert JobFilter(status=JobStatus.QUEUED, kind="k").bounded
+    assert JobFilter(status=JobStatus.FAILED, name="k", queue="q").bounded
+    assert JobFilter(status=JobStatus.QUEUED, name="k").bounded
     assert JobFilter(status=JobStatus.SUCCEEDED).bounded
-    assert not JobFilter(kind="k").bounded
+    assert not JobFilter(name="k").bounded
     assert not JobFilter(queue="q").bounded
     assert not JobFilter(status=JobStatus.CANCELLED).bounded
-    assert not JobFilter(status=JobStatus.SUCCEEDED, kind="k").bounded
+    assert not JobFilter(status=JobStatus.SUCCEEDED, name="k").bounded
 
 
 def test_time_bounds_are_the_smallest_uuidv7_of_their_millisecond() -> None:
@@ -123,10 +123,10 @@ def test_a_short_search_offers_to_go_on_from_where_it_stopped() -> None:
 
     stop = UUID("01a22d79-0000-7000-8000-000000000000")
     now = datetime(2026, 1, 1, tzinfo=UTC)
-    f = JobFilter(kind="rare", since=datetime(2025, 12, 1, tzinfo=UTC))
+    f = JobFilter(name="rare", since=datetime(2025, 12, 1, tzinfo=UTC))
     html = pages.jobs_page(
         pages.Frame("c", "Jobs", "jobs"), f, JobPage([], None, stop, 10_000), None, now
     )
     assert "searched only the 10,000 jobs before it" in html
-    assert f'href="/ui/jobs?kind=rare&amp;from=2025-12-01T00%3A00&amp;before={stop}"' in html
+    assert f'href="/ui/jobs?name=rare&amp;from=2025-12-01T00%3A00&amp;before={stop}"' in html
     assert "No job matches." in html

@@ -402,12 +402,12 @@ BAD_DEFINITIONS = [
     (lambda: MonthlySchedule(32, 3, 30), "day must be an integer from 1 to 31, got 32"),
     (lambda: MonthlySchedule(1, 24, 0), "hour must be an integer from 0 to 23, got 24"),
     (lambda: DailySchedule(9, 0).weekdays(7), r"weekday must be an integer from 0 \(Monday\)"),
-    (lambda: DailySchedule(9, 0).weekdays("mon"), "weekday must be"),
+    (lambda: DailySchedule(9, 0).weekdays("mon"), "weekday must be"),  # type: ignore[arg-type]  # wrong on purpose
     (lambda: DailySchedule(9, 0).weekdays(), "at least one day"),
     (lambda: CronJob.interval("c", "j", 0), "interval must be positive"),
     (lambda: CronJob.interval("c", "j", timedelta(seconds=-5)), "interval must be positive"),
     (lambda: CronJob.interval("c", "j", float("nan")), "interval must be positive"),
-    (lambda: CronJob.interval("c", "j", "60"), "interval must be a timedelta or seconds"),
+    (lambda: CronJob.interval("c", "j", "60"), "interval must be a timedelta or seconds"),  # type: ignore[arg-type]  # wrong on purpose
     (
         lambda: CronJob.daily_in_timezone("c", "j", DailySchedule(9, 0), "Mars/Olympus"),
         "cron 'c': unknown time zone 'Mars/Olympus'",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import json
 import os
 import platform
@@ -68,9 +69,10 @@ def _pgqueuer() -> Any:
             f"pgqueuer is not installed: pip install pgqueuer=={PGQUEUER_VERSION} "
             "(or make bench-peers)"
         ) from None
-    if pgqueuer.__version__ != PGQUEUER_VERSION:
+    installed = importlib.metadata.version("pgqueuer")
+    if installed != PGQUEUER_VERSION:
         raise SystemExit(
-            f"pgqueuer {pgqueuer.__version__} is installed; this comparison pins "
+            f"pgqueuer {installed} is installed; this comparison pins "
             f"{PGQUEUER_VERSION}: pip install pgqueuer=={PGQUEUER_VERSION}"
         )
     return pgqueuer
@@ -240,7 +242,7 @@ async def _drain_pgqueuer(dsn: str, total: int, settings: dict[str, Any]) -> Non
         qm = pgq.QueueManager(pgq.Queries(AsyncpgDriver(conn)))
         done = 0
 
-        @qm.entrypoint("noop", concurrency_limit=settings.pop("concurrency_limit", 0))
+        @qm.entrypoint("noop", concurrency_limit=settings.pop("concurrency_limit", 0))  # type: ignore[untyped-decorator]  # pgqueuer is imported lazily, as Any
         async def noop(job: Any) -> None:
             nonlocal done
             done += 1
@@ -303,7 +305,7 @@ async def _pgqueuer_latency_child(dsn: str) -> None:
     out = sys.stdout
     qm = pgq.QueueManager(pgq.Queries(AsyncpgDriver(conn)))
 
-    @qm.entrypoint("noop")
+    @qm.entrypoint("noop")  # type: ignore[untyped-decorator]  # pgqueuer is imported lazily, as Any
     async def noop(job: Any) -> None:
         out.write(f"{job.id} {time.time():.6f}\n")
 
@@ -339,7 +341,9 @@ async def _paced(enqueue: Callable[[], Awaitable[str]], seconds: float) -> dict[
     return committed
 
 
-async def _latency(dsn: str, child_args: list[str], enqueue: Any, seconds: float) -> list[float]:
+async def _latency(
+    dsn: str, child_args: list[str], enqueue: Callable[[], Awaitable[str]], seconds: float
+) -> list[float]:
     child = await asyncio.create_subprocess_exec(
         sys.executable,
         *child_args,
@@ -388,6 +392,7 @@ async def latency_round(runs: Runs, dsn: str, seconds: float, stale: bool, flip:
                 await pool.execute(fill, 100_000)
                 await pool.execute("ANALYZE pgfleet.jobs; ANALYZE pgqueuer")
                 await pool.execute(RESET)
+            enqueue: Callable[[], Awaitable[str]]
             if peer == "pgfleet":
                 queue = Queue(pool)
 

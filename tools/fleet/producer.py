@@ -1,4 +1,4 @@
-"""The demo producer: a steady mixed stream of the reference kinds, posted to the
+"""The demo producer: a steady mixed stream of the reference jobs, posted to the
 jobs API in small batches, as a client application would."""
 
 from __future__ import annotations
@@ -57,8 +57,8 @@ MIX = (
     (0.10, _flaky),
     (0.05, _fail),
 )
-#: The job kinds of the mix, in its order.
-KINDS = tuple(factory(random.Random(0))["name"] for _share, factory in MIX)
+#: The job names of the mix, in its order.
+JOB_NAMES = tuple(factory(random.Random(0))["name"] for _share, factory in MIX)
 
 
 def mixed_job(rng: random.Random) -> dict[str, Any]:

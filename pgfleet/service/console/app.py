@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -351,7 +351,7 @@ class Console:
         q = request.query
         f = JobFilter(
             status=_status(q.get("status")),
-            kind=q.get("kind") or None,
+            name=_job_name(q),
             queue=q.get("queue") or None,
             since=_moment(q.get("from"), "from"),
             until=_moment(q.get("to"), "to"),
@@ -407,27 +407,29 @@ class Console:
         return _redirect(pages.url(f"{BASE}/jobs/{job.id}", done=done))
 
     async def bulk_confirm(self, request: web.Request, visit: Visit) -> web.StreamResponse:
-        action, kind = _bulk_args(request.query.get("action"), request.query.get("kind"))
-        count = await self._data.dead_count(kind)
+        action, name = _bulk_args(request.query.get("action"), _job_name(request.query))
+        count = await self._data.dead_count(name)
         verb = "Retry" if action == "retry" else "Cancel"
-        frame = self._frame(visit, f"{verb} dead {kind} jobs", "jobs")
-        return self._html(pages.bulk_page(frame, action, kind, count))
+        frame = self._frame(visit, f"{verb} dead {name} jobs", "jobs")
+        return self._html(pages.bulk_page(frame, action, name, count))
 
     async def bulk(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         form = await request.post()
-        action, kind = _bulk_args(_field(form, "action"), _field(form, "kind"))
+        action, name = _bulk_args(
+            _field(form, "action"), _field(form, "name") or _field(form, "kind")
+        )
         if action == "retry":
-            done, skipped = await self._data.retry_dead(kind)
+            done, skipped = await self._data.retry_dead(name)
         else:
-            done, skipped = await self._data.cancel_dead(kind), 0
+            done, skipped = await self._data.cancel_dead(name), 0
         log.info(
-            "console: bulk %s of dead %s jobs: %d done, %d skipped", action, kind, done, skipped
+            "console: bulk %s of dead %s jobs: %d done, %d skipped", action, name, done, skipped
         )
         return _redirect(
             pages.url(
                 f"{BASE}/",
                 bulk=action,
-                kind=kind,
+                name=name,
                 n=done,
                 skipped=skipped,
                 expected=_field(form, "expected"),
@@ -574,23 +576,28 @@ def _int(value: str | None) -> int:
         return 0
 
 
-def _bulk_args(action: str | None, kind: str | None) -> tuple[str, str]:
+def _job_name(query: Mapping[str, str]) -> str | None:
+    # ``kind`` is the parameter's old name: links and bookmarks made with it still work.
+    return query.get("name") or query.get("kind") or None
+
+
+def _bulk_args(action: str | None, name: str | None) -> tuple[str, str]:
     if action not in ("retry", "cancel"):
         raise Refused(400, "Bad request", f"action must be retry or cancel, got {action!r}")
-    if not kind:
-        raise Refused(400, "Bad request", "kind is missing")
-    validate_name(kind, "kind")
-    return action, kind
+    if not name:
+        raise Refused(400, "Bad request", "job name is missing")
+    validate_name(name, "job name")
+    return action, name
 
 
 def _bulk_notice(request: web.Request) -> str | None:
     q = request.query
     action = q.get("bulk")
-    if action not in ("retry", "cancel") or not q.get("kind"):
+    name = _job_name(q)
+    if action not in ("retry", "cancel") or not name:
         return None
-    kind = q["kind"]
     verb = "Retried" if action == "retry" else "Cancelled"
-    text = f"{verb} {_int(q.get('n'))} dead {kind} job(s)"
+    text = f"{verb} {_int(q.get('n'))} dead {name} job(s)"
     if q.get("expected"):
         text += f" ({_int(q.get('expected'))} when confirmed)"
     if _int(q.get("skipped")):

@@ -27,15 +27,15 @@ def id_floor(moment: datetime) -> UUID:
 @dataclass(frozen=True, slots=True)
 class JobFilter:
     status: JobStatus | None = None
-    kind: str | None = None
+    name: str | None = None
     queue: str | None = None
     #: Created at or after / before (the id's timestamp).
     since: datetime | None = None
     until: datetime | None = None
 
     def __post_init__(self) -> None:
-        if self.kind is not None:
-            validate_name(self.kind, "kind")
+        if self.name is not None:
+            validate_name(self.name, "job name")
         if self.queue is not None:
             validate_name(self.queue, "queue name")
 
@@ -43,7 +43,7 @@ class JobFilter:
     def bounded(self) -> bool:
         """True when an index bounds the rows this filter reads; else pages read a
         window of the newest jobs below the cursor."""
-        no_column_filter = self.kind is None and self.queue is None
+        no_column_filter = self.name is None and self.queue is None
         if self.status is None:
             return no_column_filter
         if self.status in INDEXED_STATUSES:
@@ -66,7 +66,7 @@ class JobPage:
 @dataclass(frozen=True, slots=True)
 class Overview:
     now: datetime
-    kinds: list[KindStats]
+    names: list[KindStats]
     workers: list[WorkerInfo]
     leases: list[Record]
 
@@ -96,7 +96,7 @@ class ConsoleData:
                     searched_to = end
             rows = await store.console_jobs_page(
                 status=f.status,
-                kind=f.kind,
+                name=f.name,
                 queue=f.queue,
                 before=upper,
                 floor=lower,
@@ -110,26 +110,26 @@ class ConsoleData:
     async def overview(self) -> Overview:
         async with self.store.acquire("console overview") as store:
             now = await store.console_now()
-            kinds = await store.queue_stats()
+            names = await store.queue_stats()
             leases = await store.console_leases()
         workers = await self.queue.workers()
-        return Overview(now, sorted(kinds, key=lambda r: r.name), workers, leases)
+        return Overview(now, sorted(names, key=lambda r: r.name), workers, leases)
 
     async def now(self) -> datetime:
         return await self.store.console_now()
 
-    async def dead_count(self, kind: str) -> int:
-        validate_name(kind, "kind")
-        return await self.store.console_dead_count(kind=kind)
+    async def dead_count(self, name: str) -> int:
+        validate_name(name, "job name")
+        return await self.store.console_dead_count(name=name)
 
-    async def retry_dead(self, kind: str) -> tuple[int, int]:
+    async def retry_dead(self, name: str) -> tuple[int, int]:
         """(retried, skipped because another job holds their key)."""
-        validate_name(kind, "kind")
-        return await self.store.console_retry_dead(kind=kind)
+        validate_name(name, "job name")
+        return await self.store.console_retry_dead(name=name)
 
-    async def cancel_dead(self, kind: str) -> int:
-        validate_name(kind, "kind")
-        return await self.store.console_cancel_dead(kind=kind)
+    async def cancel_dead(self, name: str) -> int:
+        validate_name(name, "job name")
+        return await self.store.console_cancel_dead(name=name)
 
     async def worker_jobs(self, worker_id: UUID, limit: int = 100) -> list[Record]:
         return await self.store.console_worker_jobs(worker_id=worker_id, limit=limit)

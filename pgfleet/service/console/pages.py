@@ -1,7 +1,7 @@
 """The console's pages: data in, :class:`Markup` out. No I/O here.
 
 Every value reaches the page through :func:`el` or :func:`escape`, so nothing a
-producer wrote (a kind, a key, an error, a payload) can become markup.
+producer wrote (a job name, a key, an error, a payload) can become markup.
 """
 
 from __future__ import annotations
@@ -211,29 +211,29 @@ def login_page(login_csrf: str, next_path: str, error: str | None) -> Markup:
 
 def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
     now = data.now
-    kinds = [
+    per_name = [
         (
-            el("a", {"href": url(f"{BASE}/jobs", kind=r.name)}, r.name),
+            el("a", {"href": url(f"{BASE}/jobs", name=r.name)}, r.name),
             r.queued,
             r.scheduled,
             r.running,
-            el("a", {"href": url(f"{BASE}/jobs", status="failed", kind=r.name)}, r.dead)
+            el("a", {"href": url(f"{BASE}/jobs", status="failed", name=r.name)}, r.dead)
             if r.dead
             else 0,
             duration(r.oldest_age),
             join(
-                el("a", {"href": url(f"{BASE}/bulk", action="retry", kind=r.name)}, "retry dead"),
+                el("a", {"href": url(f"{BASE}/bulk", action="retry", name=r.name)}, "retry dead"),
                 " · ",
                 el(
                     "a",
-                    {"href": url(f"{BASE}/bulk", action="cancel", kind=r.name)},
+                    {"href": url(f"{BASE}/bulk", action="cancel", name=r.name)},
                     "cancel dead",
                 ),
             )
             if r.dead
             else "",
         )
-        for r in data.kinds
+        for r in data.names
     ]
     alive = [w for w in data.workers if w.alive]
     by_id = {w.id: w for w in data.workers}
@@ -256,16 +256,16 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
             card("Workers alive", f"{len(alive)} / {len(data.workers)}", f"{BASE}/workers"),
             card(
                 "Queued (due)",
-                sum(r.queued for r in data.kinds),
+                sum(r.queued for r in data.names),
                 f"{BASE}/jobs?status=queued",
             ),
-            card("Running", sum(r.running for r in data.kinds), f"{BASE}/jobs?status=running"),
-            card("Dead", sum(r.dead for r in data.kinds), f"{BASE}/jobs?status=failed"),
+            card("Running", sum(r.running for r in data.names), f"{BASE}/jobs?status=running"),
+            card("Dead", sum(r.dead for r in data.names), f"{BASE}/jobs?status=failed"),
         ),
-        el("h2", None, "Per kind"),
+        el("h2", None, "Per job name"),
         table(
-            ["Kind", "Queued (due)", "Scheduled", "Running", "Dead", "Oldest due", "Dead jobs"],
-            kinds,
+            ["Name", "Queued (due)", "Scheduled", "Running", "Dead", "Oldest due", "Dead jobs"],
+            per_name,
             "No queued, running or dead jobs.",
         ),
         el("h2", None, "Fleet roles"),
@@ -307,7 +307,7 @@ def jobs_page(
 ) -> Markup:
     query = {
         "status": f.status.value if f.status else None,
-        "kind": f.kind,
+        "name": f.name,
         "queue": f.queue,
         "from": f.since.strftime("%Y-%m-%dT%H:%M") if f.since else None,
         "to": f.until.strftime("%Y-%m-%dT%H:%M") if f.until else None,
@@ -342,31 +342,31 @@ def jobs_page(
                 ),
             )
         )
-    kind_bulk: Child = None
-    if f.kind and f.status is JobStatus.FAILED:
-        kind_bulk = el(
+    name_bulk: Child = None
+    if f.name and f.status is JobStatus.FAILED:
+        name_bulk = el(
             "p",
             None,
             el(
                 "a",
-                {"href": url(f"{BASE}/bulk", action="retry", kind=f.kind)},
-                f"Retry every dead {f.kind} job…",
+                {"href": url(f"{BASE}/bulk", action="retry", name=f.name)},
+                f"Retry every dead {f.name} job…",
             ),
             " · ",
             el(
                 "a",
-                {"href": url(f"{BASE}/bulk", action="cancel", kind=f.kind)},
-                f"Cancel every dead {f.kind} job…",
+                {"href": url(f"{BASE}/bulk", action="cancel", name=f.name)},
+                f"Cancel every dead {f.name} job…",
             ),
         )
     return layout(
         frame,
         filter_form(f),
-        kind_bulk,
+        name_bulk,
         table(
             [
                 "Id",
-                "Kind",
+                "Name",
                 "Status",
                 "Attempt",
                 "Queue",
@@ -393,8 +393,8 @@ def filter_form(f: JobFilter) -> Markup:
         el(
             "label",
             None,
-            "Kind ",
-            el("input", {"name": "kind", "id": "f-kind", "value": f.kind or "", "size": 16}),
+            "Name ",
+            el("input", {"name": "name", "id": "f-name", "value": f.name or "", "size": 16}),
         ),
         el(
             "label",
@@ -439,7 +439,7 @@ def job_page(
 ) -> Markup:
     fields: list[tuple[str, Child]] = [
         ("Id", el("code", None, str(job.id))),
-        ("Kind", el("a", {"href": url(f"{BASE}/jobs", kind=job.name)}, job.name)),
+        ("Name", el("a", {"href": url(f"{BASE}/jobs", name=job.name)}, job.name)),
         ("Status", badge(job.status.value)),
         (
             "Attempts",
@@ -552,7 +552,7 @@ def job_actions(csrf: str, job: Job) -> Markup:
     return el("section", {"class": "actions"}, el("h2", None, "Actions"), forms)
 
 
-def bulk_page(frame: Frame, action: str, kind: str, count: int) -> Markup:
+def bulk_page(frame: Frame, action: str, name: str, count: int) -> Markup:
     verb = "Retry" if action == "retry" else "Cancel"
     effect = (
         "They are queued again now, with fresh attempts (a job whose key another queued "
@@ -561,13 +561,13 @@ def bulk_page(frame: Frame, action: str, kind: str, count: int) -> Markup:
         else "They are marked cancelled: they leave the dead count and keep their last error."
     )
     if not count:
-        return layout(frame, el("p", None, f"There are no dead {kind} jobs."))
+        return layout(frame, el("p", None, f"There are no dead {name} jobs."))
     return layout(
         frame,
         el(
             "p",
             {"class": "confirm", "id": "confirm-text"},
-            f"{verb} {count} dead {kind} job{'s' if count != 1 else ''}?",
+            f"{verb} {count} dead {name} job{'s' if count != 1 else ''}?",
         ),
         el("p", None, effect),
         post_form(
@@ -575,11 +575,11 @@ def bulk_page(frame: Frame, action: str, kind: str, count: int) -> Markup:
             frame.csrf or "",
             f"Yes, {verb.lower()} {count} job{'s' if count != 1 else ''}",
             el("input", {"type": "hidden", "name": "action", "value": action}),
-            el("input", {"type": "hidden", "name": "kind", "value": kind}),
+            el("input", {"type": "hidden", "name": "name", "value": name}),
             el("input", {"type": "hidden", "name": "expected", "value": count}),
             danger=action == "cancel",
         ),
-        el("a", {"href": url(f"{BASE}/jobs", status="failed", kind=kind)}, "No, back to the jobs"),
+        el("a", {"href": url(f"{BASE}/jobs", status="failed", name=name)}, "No, back to the jobs"),
     )
 
 
@@ -646,7 +646,7 @@ def unlock_page(frame: Frame, worker: WorkerInfo, jobs: list[Any], now: datetime
         else el("p", None, f"Its heartbeat expired {ago(worker.expires_at, now)}.")
     )
     listing = table(
-        ["Job", "Kind", "Attempt", "Started"],
+        ["Job", "Name", "Attempt", "Started"],
         [
             (
                 el("a", {"href": f"{BASE}/jobs/{j['id']}"}, str(j["id"])),
