@@ -117,7 +117,7 @@ def _local_candidates() -> list[str]:
 
 
 def _testcontainers() -> Server:
-    from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped]
+    from testcontainers.postgres import PostgresContainer  # type: ignore[import-untyped,unused-ignore]
 
     container = PostgresContainer(TESTCONTAINERS_IMAGE, driver=None)
     container.start()
@@ -129,7 +129,7 @@ def _testcontainers() -> Server:
 def _import_pgserver() -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-        import pgserver  # type: ignore[import-untyped]
+        import pgserver  # type: ignore[import-untyped,unused-ignore]
     return pgserver
 
 
