@@ -11,6 +11,7 @@ import asyncio
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from pgfleet.errors import PgfleetError
@@ -89,8 +90,6 @@ def _bench(args: list[str]) -> None:
     pgfleet checkout (tools/bench/), not in the installed package. Run them with
     this interpreter, in this process, from the checkout this package was
     installed from (editable) or the current directory."""
-    from pathlib import Path
-
     for root in (Path(__file__).resolve().parents[1], Path.cwd()):
         if (root / "tools" / "bench" / "suite.py").is_file():
             break
