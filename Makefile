@@ -46,7 +46,7 @@ format: venv ## apply ruff's formatting and safe fixes
 
 bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
 	mkdir -p bench-results
-	$(VENV)/bin/pgfleet bench --dsn '$(BENCH_DSN)' --json bench-results/latest.json $(BENCH_ARGS)
+	$(PY) -m tools.bench --dsn '$(BENCH_DSN)' --json bench-results/latest.json $(BENCH_ARGS)
 
 bench-peers: venv ## pgfleet vs pgqueuer (pinned) vs raw SQL, interleaved (BENCH_DSN=..., BENCH_ARGS=...)
 	$(PY) -m pip install --quiet 'pgqueuer==1.6.0'

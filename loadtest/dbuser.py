@@ -8,8 +8,9 @@ psycopg; :func:`_check_cooperative` refuses to run if that order ever breaks
 (tests/loadtest/test_gevent_driver.py proves the cooperation with a lock wait).
 
 Each user is one producer: one connection, one transaction per request, the
-statements pgfleet's ``Queue`` sends for the chosen notification mode (the SQL
-is pgfleet's own, ``pgfleet.db.Q``; ``RawCursor`` keeps its ``$n`` placeholders):
+statements pgfleet's ``Queue`` sends for the chosen notification mode (the
+statements and their arguments come from pgfleet, :mod:`pgfleet.sql`; ``RawCursor``
+keeps their ``$n`` placeholders):
 
 - ``transaction``: the notification commits inside every enqueue transaction;
 - ``coalesced``: the enqueue commits bare; one notifier greenlet per Locust process
@@ -19,7 +20,6 @@ is pgfleet's own, ``pgfleet.db.Q``; ``RawCursor`` keeps its ``$n`` placeholders)
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
@@ -31,9 +31,8 @@ from locust import User, events, task
 
 from loadtest.shield import GracefulStop, stop_spent
 from loadtest.users import Budget, Pacer, Settings, request_name, user_period
-from pgfleet import _ids
-from pgfleet.db import Q
-from pgfleet.queue import DEFAULT_MAX_ATTEMPTS
+from pgfleet import EnqueueRequest
+from pgfleet.sql import enqueue_statements, wakeup
 
 CONNECT_TIMEOUT = 10
 
@@ -79,7 +78,7 @@ class CoalescedNotifier:
             while True:
                 self._wanted.wait()
                 self._wanted.clear()
-                conn.execute(Q.notify_jobs.sql)
+                conn.execute(wakeup().sql)
                 self.sent += 1
 
 
@@ -96,7 +95,7 @@ def _shared(environment: Any, settings: Settings) -> _Shared:
     state = getattr(environment, "pgfleet_db", None)
     if state is None:
         state = environment.pgfleet_db = _Shared(settings)
-    return state
+    return state  # type: ignore[no-any-return]
 
 
 class DbEnqueuer(GracefulStop, User):
@@ -151,26 +150,20 @@ class DbEnqueuer(GracefulStop, User):
             self.shared.notifier.request()
 
     def _write(self, conn: psycopg.Connection[Any], n: int) -> None:
-        notify_in_tx = self.settings.notify == "transaction"
         name = self.settings.job_name
         seq = self.shared.seq
         self.shared.seq += n
-        if n == 1:
-            query = Q.job_insert_plain_notify if notify_in_tx else Q.job_insert_plain
-            payload = json.dumps({"n": seq})
-            conn.execute(query.sql, (_ids.uuid7(), name, payload, DEFAULT_MAX_ATTEMPTS))
-            return
-        ids = _ids.uuid7_batch(n)
-        args = (ids, [name] * n, json.dumps([{"n": seq + i} for i in range(n)]))
-        if not notify_in_tx:
-            conn.execute(Q.job_insert_many_plain.sql, (*args, DEFAULT_MAX_ATTEMPTS))
+        requests = [EnqueueRequest(name, {"n": seq + i}) for i in range(n)]
+        plan = enqueue_statements(requests, notify=self.settings.notify == "transaction")
+        if len(plan.statements) == 1:
+            conn.execute(plan.statements[0].sql, plan.statements[0].args)
             return
         with conn.transaction():
-            conn.execute(Q.job_insert_many_plain.sql, (*args, DEFAULT_MAX_ATTEMPTS))
-            conn.execute(Q.notify_jobs.sql)
+            for statement in plan.statements:
+                conn.execute(statement.sql, statement.args)
 
 
-@events.test_stop.add_listener  # type: ignore[untyped-decorator]  # locust: unannotated
+@events.test_stop.add_listener
 def _report_notifications(environment: Any, **_kw: Any) -> None:
     state = getattr(environment, "pgfleet_db", None)
     if state is not None and state.notifier.sent:

@@ -2,133 +2,52 @@
 
 Kept small on purpose: each process is ``python -m pgfleet ...`` or
 ``python -m locust ...`` with its output in a log file, stopped with SIGTERM and
-killed if it lingers. Nothing here imports gevent.
+killed if it lingers, and ending with the harness (die-with-parent). Finding
+Postgres, the scratch database, the processes' guard and waiting are the
+development kit's (tools/devkit/). Nothing here imports gevent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import re
-import shutil
-import signal
-import socket
 import sys
-import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
 
+from tools.devkit import NoPostgres, free_port, guarded, stop, until
+from tools.devkit import postgres as kit
+
 ROOT = Path(__file__).resolve().parents[1]
 LOCUSTFILE = ROOT / "loadtest" / "locustfile.py"
-LOCAL_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 SCRATCH_DB = "pgfleet_loadtest"
 APP = "worker.app:registry"
 #: How long a started process gets to become ready.
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 45.0
 
-
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-async def until(check: Callable[[], Awaitable[Any]], timeout: float, what: str) -> Any:
-    """Poll ``check`` until truthy: waiting on another process, which has no event."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
-async def _connects(dsn: str) -> bool:
-    try:
-        conn = await asyncpg.connect(dsn, timeout=5)
-    except Exception:
-        return False
-    await conn.close()
-    return True
-
-
-@dataclass
-class Postgres:
-    """A server the harness may create databases on."""
-
-    admin_dsn: str
-    source: str
-    _cleanup: list[Callable[[], Any]] = field(default_factory=list)
-
-    def close(self) -> None:
-        for fn in reversed(self._cleanup):
-            with contextlib.suppress(Exception):
-                fn()
+#: A server the harness may create databases on (the development kit's).
+Postgres = kit.Server
 
 
 async def find_postgres() -> Postgres:
     """``PGFLEET_DATABASE_URL``, else a server on 127.0.0.1:5432, else an embedded
-    server from the ``pgserver`` wheel (the ``embedded`` extra)."""
-    given = os.environ.get("PGFLEET_DATABASE_URL")
-    if given:
-        return Postgres(given, "PGFLEET_DATABASE_URL")
-    if await _connects(LOCAL_DSN):
-        return Postgres(LOCAL_DSN, "local server on 127.0.0.1:5432")
+    server from the ``pgserver`` wheel (the ``embedded`` extra): the kit's order,
+    without Docker."""
     try:
-        from pgserver.postgres_server import get_server
-    except ImportError:
-        raise SystemExit(
-            "no PostgreSQL: set PGFLEET_DATABASE_URL, run one on 127.0.0.1:5432, "
-            "or install the embedded extra (pip install 'pgfleet[embedded]')"
-        ) from None
-    data = tempfile.mkdtemp(prefix="pgfleet-loadtest-pgdata-")
-    server = get_server(data, cleanup_mode="stop")
-    pg = Postgres(server.get_uri(), "embedded pgserver")
-    pg._cleanup.append(lambda: shutil.rmtree(data, ignore_errors=True))
-    pg._cleanup.append(server.cleanup)
-    return pg
-
-
-_DB_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+        return await kit.find_postgres(("PGFLEET_DATABASE_URL",), docker=False)
+    except NoPostgres as exc:
+        raise SystemExit(str(exc)) from None
 
 
 async def fresh_database(pg: Postgres, name: str = SCRATCH_DB) -> str:
     """Drop and create the scratch database, migrate it, return its DSN."""
-    import pgfleet
-
-    if not _DB_NAME.fullmatch(name):
-        raise ValueError(
-            f"load-test database name {name!r} must be lower-case letters, digits and _"
-        )
-    admin = await asyncpg.connect(pg.admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await admin.close()
-    dsn = with_database(pg.admin_dsn, name)
-    conn = await asyncpg.connect(dsn)
-    try:
-        await pgfleet.migrate(conn)
-    finally:
-        await conn.close()
-    return dsn
+    return await kit.fresh_database(pg.admin_dsn, name)
 
 
 @dataclass
@@ -147,15 +66,7 @@ class Proc:
 
     async def stop(self, timeout: float = STOP_TIMEOUT) -> int:
         """SIGTERM (a graceful drain), SIGKILL if it does not exit in time."""
-        if self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-        try:
-            return await asyncio.wait_for(self.process.wait(), timeout)
-        except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                self.process.kill()
-            return await self.process.wait()
+        return await stop(self.process, timeout)
 
 
 class Processes:
@@ -173,7 +84,7 @@ class Processes:
         child_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         with log.open("wb") as out:
             process = await asyncio.create_subprocess_exec(
-                *argv,
+                *guarded(argv),  # ends with the harness, even when it is killed
                 cwd=str(ROOT),
                 env=child_env,
                 stdin=asyncio.subprocess.DEVNULL,
@@ -205,7 +116,7 @@ class Processes:
                 )
                 return bool(n >= processes)
 
-            await until(registered, START_TIMEOUT, f"{processes} worker process(es)")
+            await until(registered, START_TIMEOUT, f"{processes} worker process(es)", interval=0.1)
         finally:
             await conn.close()
         return proc
@@ -243,7 +154,7 @@ async def _answers(proc: Proc, url: str) -> bool:
             except aiohttp.ClientError:
                 return False
 
-        await until(ready, START_TIMEOUT, url)
+        await until(ready, START_TIMEOUT, url, interval=0.1)
     return proc.alive
 
 

@@ -18,6 +18,8 @@ from typing import Any
 
 import asyncpg
 
+from tools.devkit import until
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 # Runnable backlog (partial index jobs_runnable), its oldest job, and running jobs.
@@ -219,9 +221,7 @@ async def wait_drained(conn: asyncpg.Connection, timeout: float) -> None:
         row = await conn.fetchrow(QUEUE_SAMPLE)
         return bool(row["runnable"] == 0 and row["running"] == 0)
 
-    from loadtest.harness import until
-
-    await until(drained, timeout, "the backlog to drain")
+    await until(drained, timeout, "the backlog to drain", interval=0.1)
 
 
 async def server_facts(conn: asyncpg.Connection) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -50,12 +51,32 @@ def build_parser() -> argparse.ArgumentParser:
     api_cmd.add_arguments(api)
     jobs = sub.add_parser("jobs", help="list, inspect, cancel and retry jobs (for operators)")
     jobs_cmd.add_arguments(jobs)
-    bench = sub.add_parser("bench", help="measure throughput and latency against raw SQL")
-    add_dsn(bench)
-    from pgfleet.bench import add_arguments  # lazy: start-up cost (only pgfleet bench)
-
-    add_arguments(bench)
+    # Handled before parsing (see _bench): the suites' own parser reads the options.
+    sub.add_parser(
+        "bench",
+        help="measure throughput and latency against raw SQL (runs a checkout's tools/bench)",
+        add_help=False,
+    )
     return parser
+
+
+def _bench(args: list[str]) -> None:
+    """``pgfleet bench``: the benchmark suites and their raw-SQL reference live in a
+    pgfleet checkout (tools/bench/), not in the installed package. Run them with
+    this interpreter, in this process, from the checkout this package was
+    installed from (editable) or the current directory."""
+    for root in (Path(__file__).resolve().parents[1], Path.cwd()):
+        if (root / "tools" / "bench" / "suite.py").is_file():
+            break
+    else:
+        raise SystemExit(
+            "pgfleet bench: the benchmark suites are in the pgfleet repository "
+            "(tools/bench/), not in the installed package: run `make bench` or "
+            "`pgfleet bench` in a checkout"
+        )
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    argv = [sys.executable, "-m", "tools.bench", *args]
+    os.execve(sys.executable, argv, {**os.environ, "PYTHONPATH": path})
 
 
 async def _migrate(dsn: str) -> list[int]:
@@ -76,7 +97,10 @@ async def _connect(dsn: str, **kwargs: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] == ["bench"]:
+        _bench(given[1:])
+    args = build_parser().parse_args(given)
     try:
         if args.command == "migrate":
             if args.print_sql:
@@ -92,10 +116,5 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(api_cmd.main(args))
         elif args.command == "jobs":
             raise SystemExit(jobs_cmd.main(args))
-        elif args.command == "bench":
-            from pgfleet import bench  # lazy: start-up cost (only pgfleet bench)
-
-            args.dsn = _dsn(args)
-            bench.main(args)
     except PgfleetError as exc:
         raise SystemExit(f"pgfleet: {exc}") from None

@@ -7,14 +7,14 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from tests.procs import free_port
+from tools.devkit import free_port, until_sync
 
 CANDIDATES = ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer")
 
@@ -103,20 +103,22 @@ def start(server_dsn: str, pool_mode: str, *, pool_size: int = 4) -> Bouncer:
             start_new_session=True,
         )
     bouncer = Bouncer(port, pool_mode, directory, process, user)
-    deadline = time.monotonic() + 20
-    import socket
 
-    while True:
+    def listening() -> bool:
         if process.poll() is not None:
             stderr = (directory / "stderr.log").read_text(errors="replace")
             shutil.rmtree(directory, ignore_errors=True)
             raise RuntimeError(f"pgbouncer exited at start: {stderr}{bouncer.log()}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return bouncer
-        if time.monotonic() > deadline:
-            bouncer.stop()
-            raise RuntimeError("pgbouncer did not listen within 20s")
-        time.sleep(0.05)
+            return True
+        return False
+
+    try:
+        until_sync(listening, 20, "pgbouncer to listen")
+    except TimeoutError:
+        bouncer.stop()
+        raise RuntimeError("pgbouncer did not listen within 20s") from None
+    return bouncer
 
 
 def _unprivileged_user(directory: Path) -> str | None:

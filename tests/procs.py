@@ -5,54 +5,23 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import signal as signals
-import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+# Re-exported: the tests import them from here. The kit owns them.
+from tools.devkit import free_port as free_port
+from tools.devkit import free_ports as free_ports
+from tools.devkit import until as eventually
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def free_ports(n: int) -> int:
-    """The first of ``n`` consecutive free ports, below the ephemeral range: a port
-    from that range can become the source port of any outgoing connection (to
-    PostgreSQL, say) between this check and the server binding it."""
-    low = _ephemeral_low()
-    for _ in range(200):
-        base = random.randrange(10000, max(low - n, 10001))
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return base
-    raise RuntimeError("no run of free ports")
 
 
 @dataclass
@@ -96,21 +65,6 @@ async def start_worker(dsn: str, log_dir: Path, *extra: str, name: str = "worker
     if "--metrics-port" not in extra:
         args += ["--metrics-port", "0"]
     return await start([*args, *extra], log_dir, name)
-
-
-async def eventually(
-    check: Callable[[], Awaitable[Any]], timeout: float = 60, what: str = "condition"
-) -> Any:
-    """Poll ``check`` until it returns a truthy value. Only for waiting across a
-    process boundary, where there is no event to wait on; never for ordering."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 @asynccontextmanager

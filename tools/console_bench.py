@@ -23,10 +23,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import asyncpg
+
+from tools.devkit import drop_database, fresh_database, with_database
 
 DEFAULT_DSN = os.environ.get("PGFLEET_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE = "pgfleet_console_bench"
@@ -71,14 +72,7 @@ LATERAL (
 """
 
 
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
-
-
 async def prepare(admin_dsn: str, jobs: int, keep: bool) -> str:
-    import pgfleet
-
     dsn = with_database(admin_dsn, DATABASE)
     admin = await asyncpg.connect(admin_dsn)
     try:
@@ -92,14 +86,10 @@ async def prepare(admin_dsn: str, jobs: int, keep: bool) -> str:
             if have == jobs:
                 print(f"reusing {DATABASE}: {have} jobs", flush=True)
                 return dsn
-        if exists:
-            await admin.execute(f'DROP DATABASE "{DATABASE}" WITH (FORCE)')
-        await admin.execute(f'CREATE DATABASE "{DATABASE}"')
     finally:
         await admin.close()
-    conn = await asyncpg.connect(dsn)
+    conn = await asyncpg.connect(await fresh_database(admin_dsn, DATABASE))
     try:
-        await pgfleet.migrate(conn)
         await conn.execute(
             "INSERT INTO pgfleet.workers (id, hostname, pid, concurrency, job_names, version,"
             " expires_at) VALUES ('00000000-0000-4000-8000-000000000001', 'bench-host', 1, 16,"
@@ -233,11 +223,7 @@ async def main_async(args: argparse.Namespace) -> int:
         text = json.dumps({"jobs": args.jobs, "rounds": args.rounds, "pages": results}, indent=2)
         await asyncio.to_thread(Path(args.json).write_text, text + "\n", "utf-8")
     if not args.keep:
-        admin = await asyncpg.connect(args.dsn)
-        try:
-            await admin.execute(f'DROP DATABASE IF EXISTS "{DATABASE}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        await drop_database(args.dsn, DATABASE)
     return 0
 
 

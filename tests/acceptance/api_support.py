@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 import aiohttp
 
 from tests.procs import free_port
+from tools.devkit import until as wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.apps.runtime_app:registry"
@@ -38,14 +38,7 @@ async def until(
     every: float = 0.05,
 ) -> T:
     """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        await asyncio.sleep(every)
+    return await wait_until(check, timeout, what, interval=every)
 
 
 @dataclass

@@ -60,3 +60,12 @@ async def test_bench_runs_every_suite_and_writes_json(pg_server: Server, tmp_pat
     assert "cpu/job client" in proc.output()
     assert report["facts"]["after drain"]["table_bytes"] > 0
     assert "summary (medians)" in proc.output()
+
+
+def test_the_installed_package_ships_no_benchmark() -> None:
+    """The suites and their raw-SQL rival live in tools/bench/, outside pgfleet."""
+    import importlib.util
+
+    assert importlib.util.find_spec("pgfleet.bench") is None
+    assert importlib.util.find_spec("pgfleet.db.benchsql") is None
+    assert importlib.util.find_spec("tools.bench.suite") is not None

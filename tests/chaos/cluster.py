@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from tests.procs import free_port
+from tools.devkit import free_port
 
 SEARCH = ("/usr/lib/postgresql/*/bin", "/usr/local/pgsql/bin", "/usr/pgsql-*/bin")
 

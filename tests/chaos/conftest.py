@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 
 from tests.chaos import app, cluster, harness
+from tools.devkit import postgres as kit
 
 TEMPLATE = "chaos_tpl"
 _names = itertools.count(1)
@@ -20,16 +21,8 @@ _results: harness.Results | None = None
 
 
 async def _make_template(c: cluster.PrivateCluster) -> None:
-    from pgfleet import migrate
-
-    admin = await asyncpg.connect(c.admin_dsn)
+    conn = await asyncpg.connect(await kit.fresh_database(c.admin_dsn, TEMPLATE))
     try:
-        await admin.execute(f'CREATE DATABASE "{TEMPLATE}"')
-    finally:
-        await admin.close()
-    conn = await asyncpg.connect(c.dsn(TEMPLATE))
-    try:
-        await migrate(conn)
         await conn.execute(app.SCHEMA)
     finally:
         await conn.close()
@@ -65,13 +58,8 @@ def chaos_results(chaos_profile: harness.Profile) -> harness.Results:
 
 async def new_database(c: cluster.PrivateCluster, empty: bool = False) -> str:
     name = f"chaos_{next(_names)}"
-    admin = await asyncpg.connect(c.admin_dsn)
-    try:
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        template = "template0" if empty else TEMPLATE
-        await admin.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        await admin.close()
+    await kit.drop_database(c.admin_dsn, name)
+    await kit.create_database(c.admin_dsn, name, template="template0" if empty else TEMPLATE)
     return name
 
 

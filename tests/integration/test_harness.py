@@ -9,14 +9,15 @@ import asyncpg
 import pytest
 
 from tests import pgharness
+from tools.devkit import postgres as kit
 
 
 @pytest.mark.asyncio(loop_factories=["asyncio"])
 async def test_embedded_server_when_nothing_else_answers(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("pgserver", reason="the embedded extra is not installed")
     monkeypatch.delenv("PGFLEET_TEST_DSN", raising=False)
-    monkeypatch.setattr(pgharness, "_port_answers", lambda host, port: False)
-    monkeypatch.setattr(pgharness, "_docker_answers", lambda: False)
+    monkeypatch.setattr(kit, "port_answers", lambda host, port: False)
+    monkeypatch.setattr(kit, "docker_answers", lambda: False)
     server = await asyncio.to_thread(pgharness.find_server)
     try:
         assert server.source == "embedded pgserver"

@@ -153,3 +153,23 @@ def test_the_committed_full_run_rebuilds_into_a_consistent_report(tmp_path: Path
     for plot in ("contention_commits.png", "drain_rate.png", "pickup_latency.png", "soak.png"):
         assert (tmp_path / plot).stat().st_size > 10_000
     assert "FAILED" not in text
+
+
+def test_the_load_tests_use_pgfleets_public_names_only() -> None:
+    """No private module (pgfleet._x) and no SQL layer (pgfleet.db): the statements
+    the database user runs come from pgfleet.sql."""
+    import ast
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "loadtest").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            for module in modules:
+                parts = module.split(".")
+                if parts[0] == "pgfleet" and len(parts) > 1:
+                    assert not parts[1].startswith("_"), f"{path.name} imports {module}"
+                    assert parts[1] != "db", f"{path.name} imports {module}"

@@ -40,16 +40,14 @@ from typing import Any
 
 import asyncpg
 
-from pgfleet import bench as fb
-from pgfleet.db import benchsql
-from pgfleet.db.migrate import migrate
-from pgfleet.jobs import EnqueueRequest
-from pgfleet.queue import Queue, create_pool
+from pgfleet import EnqueueRequest, Queue, create_pool
+from tools.bench import rawsql
+from tools.bench import suite as fb
+from tools.devkit import drop_database, guarded
 
 PGQUEUER_VERSION = "1.6.0"
 RATE, PRODUCERS = 500, 4
 _CHILD_DSN = "PGFLEET_DATABASE_URL"
-_SELF = os.path.abspath(__file__)
 
 STALE_FILL_PGFLEET = (
     "INSERT INTO pgfleet.jobs (id, name, payload, max_attempts) "
@@ -127,17 +125,9 @@ async def _measure(
 
 
 async def _database(admin_dsn: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(benchsql.drop_database(name))
-        await admin.execute(benchsql.create_database(name))
-    finally:
-        await admin.close()
-    dsn = fb._with_database(admin_dsn, name)
+    dsn = await fb._fresh_database(admin_dsn, name)
     conn = await asyncpg.connect(dsn)
     try:
-        await migrate(conn)
-        await conn.execute(benchsql.RAW_SCHEMA)
         pgq = _pgqueuer()
         from pgqueuer.db import AsyncpgDriver
 
@@ -166,7 +156,7 @@ async def enqueue_round(
 
         async def raw_single() -> None:
             for _ in range(single):
-                await conn.execute(benchsql.RAW_INSERT_ONE, payload)
+                await conn.execute(rawsql.RAW_INSERT_ONE, payload)
 
         async def fleet_single(held: Any = None) -> None:
             queue = Queue(pool)
@@ -180,7 +170,7 @@ async def enqueue_round(
 
         async def raw_batch() -> None:
             for _ in range(0, batch_total, 500):
-                await conn.execute(benchsql.RAW_INSERT_MANY, [payload] * 500)
+                await conn.execute(rawsql.RAW_INSERT_MANY, [payload] * 500)
 
         async def fleet_batch() -> None:
             queue = Queue(pool)
@@ -267,7 +257,7 @@ async def drain_round(runs: Runs, dsn: str, total: int, single_total: int) -> No
     pool = await create_pool(dsn, min_size=4, max_size=8)
     try:
         await pool.execute(RESET)
-        await pool.execute(benchsql.RAW_FILL, total)
+        await pool.execute(rawsql.RAW_FILL, total)
 
         async def raw() -> None:
             await fb._raw_drain(pool, 2, 1000)
@@ -345,11 +335,10 @@ async def _latency(
     dsn: str, child_args: list[str], enqueue: Callable[[], Awaitable[str]], seconds: float
 ) -> list[float]:
     child = await asyncio.create_subprocess_exec(
-        sys.executable,
-        *child_args,
+        *guarded([sys.executable, *child_args]),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, _CHILD_DSN: dsn},
+        env=fb.child_env(dsn),
     )
     assert child.stdout is not None
     assert child.stdin is not None
@@ -399,14 +388,14 @@ async def latency_round(runs: Runs, dsn: str, seconds: float, stale: bool, flip:
                 async def enqueue(queue: Queue = queue) -> str:
                     return str(await queue.enqueue("noop", None))
 
-                child = ["-m", "pgfleet.bench", "--child-latency", "16"]
+                child = ["-m", "tools.bench", "--child-latency", "16"]
             else:
                 queries = pgq.Queries(AsyncpgPoolDriver(pool))
 
                 async def enqueue(queries: Any = queries) -> str:
                     return str((await queries.enqueue("noop", None))[0])
 
-                child = [_SELF, "--child-pgqueuer-latency"]
+                child = ["-m", "tools.bench.peers", "--child-pgqueuer-latency"]
             delays = await _latency(dsn, child, enqueue, seconds)
             for q in (50, 99):
                 runs.add(f"pickup p{q} {tag} {peer}", fb._quantile(delays, q / 100))
@@ -550,11 +539,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         return result
     finally:
         if not args.keep:
-            admin = await asyncpg.connect(args.dsn)
-            try:
-                await admin.execute(benchsql.drop_database(args.database))
-            finally:
-                await admin.close()
+            await drop_database(args.dsn, args.database)
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -1,42 +1,19 @@
-"""The fleet's child processes: started in their own process group, logged to a
-file, stopped by signal, and watched so that an unexpected exit is reported."""
+"""The fleet's child processes: started in their own process group, ending with the
+runner (the development kit's die-with-parent guard), logged to a file, stopped by
+signal, and watched so that an unexpected exit is reported."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
-import signal
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tools.devkit import describe_exit, guarded, stop
 from tools.fleet.config import ROOT
 
-#: Run in the child before the real command (Linux): ask for SIGTERM should the
-#: runner die without stopping it (SIGKILL included), then exec the command in the
-#: same process. A Python one-liner rather than preexec_fn, which is unsafe in a
-#: process with threads (asyncio's executor has some).
-_ORPHAN_GUARD = (
-    "import ctypes, os, signal, sys; "
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "  # PR_SET_PDEATHSIG
-    "os.getppid() == int(sys.argv[1]) or sys.exit('fleet runner gone'); "
-    "os.execvp(sys.argv[2], sys.argv[2:])"
-)
-
-
-def guarded(argv: list[str]) -> list[str]:
-    """``argv``, wrapped so that the process ends when the runner dies (on Linux)."""
-    if not sys.platform.startswith("linux"):
-        return argv
-    return [sys.executable, "-c", _ORPHAN_GUARD, str(os.getpid()), *argv]
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"signal {signal.Signals(-code).name}"
-    return f"exit code {code}"
+__all__ = ["Child", "describe_exit"]
 
 
 class Child:
@@ -105,11 +82,7 @@ class Child:
         if self.process is None:
             return None
         self.stopping = True
-        for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGTERM, hurry), (signal.SIGKILL, 30)):
-            self.signal(sig)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.process.wait(), wait)
-                break
+        await stop(self.process, timeout, again_after=hurry)
         if self._watch is not None:
             await self._watch
         return self.process.returncode

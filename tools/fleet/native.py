@@ -16,13 +16,13 @@ import re
 import shutil
 import signal
 import sys
-import warnings
 from pathlib import Path
-from typing import Any, TextIO
-from urllib.parse import urlsplit
+from typing import TextIO
 
 import aiohttp
 
+from tools.devkit import postgres as kit
+from tools.devkit import redact, until
 from tools.fleet.children import Child, describe_exit
 from tools.fleet.config import APP, CRONS, FleetConfig, write_prometheus_config
 from tools.fleet.producer import DemoProducer
@@ -39,48 +39,32 @@ class FleetError(Exception):
 
 
 class EmbeddedPostgres:
-    """A pgserver PostgreSQL in a data directory, kept between runs."""
+    """A pgserver PostgreSQL in a data directory, kept between runs (the kit's
+    embedded server, started off the event loop)."""
 
     def __init__(self, pgdata: Path) -> None:
         self.pgdata = pgdata
-        self._server: Any = None
+        self._server: kit.Server | None = None
 
     async def start(self) -> str:
-        self.pgdata.parent.mkdir(parents=True, exist_ok=True)
-        self._server = await asyncio.to_thread(self._boot)
-        return str(self._server.get_uri())
-
-    def _boot(self) -> Any:
         try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-                import pgserver
+            self._server = await asyncio.to_thread(kit.embedded, self.pgdata)
         except ImportError:
             raise FleetError(
                 "no PGFLEET_DATABASE_URL and no embedded PostgreSQL: install the `embedded` "
                 "extra (pip install -e '.[embedded]'; make fleet does) or point "
                 "PGFLEET_DATABASE_URL at a server"
             ) from None
-        get_server: Any = pgserver.get_server  # type: ignore[attr-defined,unused-ignore]
-        return get_server(self.pgdata, cleanup_mode="stop")
+        return self._server.admin_dsn
 
     @property
     def pid(self) -> int | None:
-        return None if self._server is None else self._server.get_pid()
+        return None if self._server is None else self._server.pid
 
     async def stop(self) -> None:
         if self._server is not None:
-            await asyncio.to_thread(self._server.cleanup)
+            await asyncio.to_thread(self._server.close)
             self._server = None
-
-
-def redact(dsn: str) -> str:
-    """A connection string without its password, for printing."""
-    parts = urlsplit(dsn)
-    if parts.password is None:
-        return dsn
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
 
 
 class NativeFleet:
@@ -291,11 +275,10 @@ class NativeFleet:
         await self._wait_ready(self.prometheus, f"{self.prometheus_url}/-/ready")
 
     async def _wait_ready(self, child: Child, url: str) -> None:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.start_timeout
         timeout = aiohttp.ClientTimeout(total=5)
         async with aiohttp.ClientSession(timeout=timeout) as session:
-            while True:
+
+            async def ready() -> bool:
                 if not child.running:
                     code = child.returncode
                     raise FleetError(
@@ -307,14 +290,16 @@ class NativeFleet:
                     raise FleetError(f"{child.name} cannot listen:\n{child.tail()}")
                 with contextlib.suppress(aiohttp.ClientError, TimeoutError):
                     async with session.get(url) as response:
-                        if response.status == 200:
-                            return
-                if loop.time() > deadline:
-                    raise FleetError(
-                        f"{child.name} did not answer {url} within "
-                        f"{self.config.start_timeout:.0f}s; its log ({child.log}):\n{child.tail()}"
-                    )
-                await asyncio.sleep(0.2)  # polling another process, with a deadline
+                        return response.status == 200
+                return False
+
+            try:
+                await until(ready, self.config.start_timeout, url, interval=0.2)
+            except TimeoutError:
+                raise FleetError(
+                    f"{child.name} did not answer {url} within "
+                    f"{self.config.start_timeout:.0f}s; its log ({child.log}):\n{child.tail()}"
+                ) from None
 
     # --- running -------------------------------------------------------------------
 

@@ -1,4 +1,5 @@
-"""``pgfleet bench``: reproducible throughput and latency measurements.
+"""The benchmark suites (``make bench``, ``python -m tools.bench``, ``pgfleet bench``
+from a checkout): reproducible throughput and latency measurements.
 
 Each measurement is repeated and reported as a median, next to a raw-SQL reference
 run in the same process and the same minute (alternating runs), so the ratio holds
@@ -22,17 +23,27 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 
-from pgfleet.db import benchsql
-from pgfleet.db.migrate import migrate
-from pgfleet.jobs import EnqueueRequest, Job
-from pgfleet.queue import NotifyMode, Queue, create_pool
-from pgfleet.registry import Registry
-from pgfleet.worker import Worker, WorkerConfig
+from pgfleet import (
+    EnqueueRequest,
+    Job,
+    NotifyMode,
+    Queue,
+    Registry,
+    Worker,
+    WorkerConfig,
+    create_pool,
+)
+from tools.bench import rawsql
+from tools.devkit import drop_database, fresh_database, guarded, with_database
+
+#: The checkout this suite lives in: its children import ``tools`` from there.
+ROOT = Path(__file__).resolve().parents[2]
 
 SUITES = ("enqueue", "drain", "latency", "retention")
 #: How the benchmark's child processes receive the database URL.
@@ -93,30 +104,22 @@ async def _metered(bench: Bench, dsn: str, key: str, jobs: int, run: Awaitable[f
     return rate
 
 
-def _with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit((parts.scheme, parts.netloc, "/" + database, parts.query, parts.fragment))
+_with_database = with_database
 
 
 async def _fresh_database(admin_dsn: str, name: str) -> str:
-    admin = await asyncpg.connect(admin_dsn)
-    try:
-        await admin.execute(benchsql.drop_database(name))
-        await admin.execute(benchsql.create_database(name))
-    finally:
-        await admin.close()
-    dsn = _with_database(admin_dsn, name)
+    """The benchmark's scratch database: migrated, plus the raw-SQL reference table."""
+    dsn = await fresh_database(admin_dsn, name)
     conn = await asyncpg.connect(dsn)
     try:
-        await migrate(conn)
-        await conn.execute(benchsql.RAW_SCHEMA)
+        await conn.execute(rawsql.RAW_SCHEMA)
     finally:
         await conn.close()
     return dsn
 
 
 async def _reset(pool: asyncpg.Pool) -> None:
-    await pool.execute(benchsql.RESET)
+    await pool.execute(rawsql.RESET)
 
 
 class Cpu:
@@ -158,7 +161,7 @@ class Cpu:
         return (int(fields[11]) + int(fields[12])) / self._TICK  # utime + stime
 
     async def _sample(self, first: bool) -> None:
-        pids = await self._conn.fetch(benchsql.BACKEND_PIDS)
+        pids = await self._conn.fetch(rawsql.BACKEND_PIDS)
         for row in pids:
             pid = int(row["pid"])
             seconds = self._read(pid)
@@ -323,7 +326,7 @@ async def suite_enqueue(bench: Bench, dsn: str) -> None:
 async def _raw_single(conn: Any, n: int) -> int:
     payload = json.dumps({"n": 1})
     for _ in range(n):
-        await conn.execute(benchsql.RAW_INSERT_ONE, payload)
+        await conn.execute(rawsql.RAW_INSERT_ONE, payload)
     return n
 
 
@@ -337,7 +340,7 @@ async def _single(queue: Queue, n: int, conn: Any = None) -> int:
 async def _raw_batch(conn: Any, total: int, size: int) -> int:
     payload = json.dumps({"n": 1})
     for _ in range(0, total, size):
-        await conn.execute(benchsql.RAW_INSERT_MANY, [payload] * size)
+        await conn.execute(rawsql.RAW_INSERT_MANY, [payload] * size)
     return total
 
 
@@ -369,7 +372,7 @@ async def _concurrent(
         nonlocal done
         async with pool.acquire() as conn:
             while time.perf_counter() < stop:
-                await conn.execute(benchsql.RAW_INSERT_ONE, payload)
+                await conn.execute(rawsql.RAW_INSERT_ONE, payload)
                 done += 1
 
     async def lib(q: Queue) -> None:
@@ -454,7 +457,7 @@ async def _child_drain(concurrency: int, dsn: str) -> None:
     pool = await create_pool(dsn, min_size=3, max_size=6)
     try:
         async with pool.acquire() as conn:
-            await conn.fetchval(benchsql.PING)
+            await conn.fetchval(rawsql.PING)
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         worker = Worker(pool, _noop_registry(), _bench_config(concurrency))
@@ -471,10 +474,10 @@ async def _raw_drain(pool: asyncpg.Pool, claimers: int, batch: int) -> float:
         nonlocal done
         async with pool.acquire() as conn:
             while True:
-                rows = await conn.fetch(benchsql.RAW_CLAIM, batch)
+                rows = await conn.fetch(rawsql.RAW_CLAIM, batch)
                 if not rows:
                     return
-                await conn.execute(benchsql.RAW_COMPLETE, [r["id"] for r in rows])
+                await conn.execute(rawsql.RAW_COMPLETE, [r["id"] for r in rows])
                 done += len(rows)
 
     start = time.perf_counter()
@@ -492,7 +495,7 @@ async def suite_drain(bench: Bench, dsn: str) -> None:
         for _ in range(bench.repeats):
             for claimers in (1, 2):
                 await _reset(pool)
-                await pool.execute(benchsql.RAW_FILL, total)
+                await pool.execute(rawsql.RAW_FILL, total)
                 key = f"raw drain {claimers}"
                 runs.setdefault(key, []).append(
                     await _metered(bench, dsn, key, total, _raw_drain(pool, claimers, 1000))
@@ -511,7 +514,7 @@ async def suite_drain(bench: Bench, dsn: str) -> None:
             runs.setdefault(key, []).append(
                 await _metered(bench, dsn, key, total, _drain_processes(dsn, 2, 64, total))
             )
-        stats = await pool.fetchrow(benchsql.TABLE_STATS)
+        stats = await pool.fetchrow(rawsql.TABLE_STATS)
         assert stats is not None  # one row: the jobs table's statistics
     finally:
         await pool.close()
@@ -767,8 +770,8 @@ async def suite_retention(bench: Bench, dsn: str) -> None:
             await _fill(pool, total)
             runs.setdefault("claim empty", []).append(await _drain_in_process(pool, 64))
         await _reset(pool)
-        await pool.execute(benchsql.FILL_FINISHED, retained)
-        await pool.execute(benchsql.VACUUM_JOBS)
+        await pool.execute(rawsql.FILL_FINISHED, retained)
+        await pool.execute(rawsql.VACUUM_JOBS)
         for _ in range(bench.repeats):
             await _fill(pool, total)
             runs.setdefault("claim retained", []).append(await _drain_in_process(pool, 64))
@@ -848,11 +851,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         return report
     finally:
         if not args.keep:
-            admin = await asyncpg.connect(args.dsn)
-            try:
-                await admin.execute(benchsql.drop_database(args.database))
-            finally:
-                await admin.close()
+            await drop_database(args.dsn, args.database)
 
 
 SUITE_FUNCTIONS: dict[str, Callable[[Bench, str], Awaitable[None]]] = {
@@ -866,6 +865,11 @@ SUITE_FUNCTIONS: dict[str, Callable[[Bench, str], Awaitable[None]]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("PGFLEET_DATABASE_URL"),
+        help="a server to create the benchmark database on (default: $PGFLEET_DATABASE_URL)",
+    )
     parser.add_argument("--suites", default=",".join(SUITES), help=f"comma list of {SUITES}")
     parser.add_argument("--repeats", type=int, default=3, help="runs per measurement (median)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply the job counts")
@@ -880,6 +884,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
+    if not args.dsn:
+        raise SystemExit(
+            "pgfleet bench: no database given: pass --dsn or set PGFLEET_DATABASE_URL "
+            "(for example postgresql://user@host:5432/postgres)"
+        )
     args.suites = [s.strip() for s in args.suites.split(",") if s.strip()]
     unknown = [s for s in args.suites if s not in SUITE_FUNCTIONS]
     if unknown:
@@ -899,25 +908,34 @@ async def _spawn_child(
     mode: str, concurrency: int, dsn: str, env: dict[str, str] | None = None
 ) -> asyncio.subprocess.Process:
     """One of the benchmark's own worker processes (see _child_main), talking over
-    stdin/stdout. The DSN travels in the environment: a password never shows in `ps`."""
+    stdin/stdout, ending with this process. The DSN travels in the environment: a
+    password never shows in `ps`."""
     return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "pgfleet.bench",
-        mode,
-        str(concurrency),
+        *guarded([sys.executable, "-m", "tools.bench", mode, str(concurrency)]),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env={**os.environ, _CHILD_DSN: dsn, **(env or {})},
+        env=child_env(dsn, env),
     )
+
+
+def child_env(dsn: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment of a benchmark child: ``tools`` importable from this
+    checkout wherever the benchmark was started, the DSN out of the command line."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, _CHILD_DSN: dsn, **(extra or {})}
+
+
+def _install_uvloop() -> None:
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
 
 def _child_main(argv: list[str]) -> None:
     """Hidden entry points for the benchmark's own worker processes."""
     mode, concurrency, dsn = argv[0], int(argv[1]), os.environ[_CHILD_DSN]
-    from pgfleet.service.worker_cmd import install_uvloop
-
-    install_uvloop()
+    _install_uvloop()
     if mode == "--child-drain":
         asyncio.run(_child_drain(concurrency, dsn))
     elif mode == "--child-latency":
@@ -926,5 +944,14 @@ def _child_main(argv: list[str]) -> None:
         raise SystemExit(f"unknown benchmark child mode {mode}")
 
 
-if __name__ == "__main__":
-    _child_main(sys.argv[1:])
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m tools.bench [options]`` (and the children's hidden modes)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0].startswith("--child-"):
+        _child_main(argv)
+        return
+    parser = argparse.ArgumentParser(
+        prog="pgfleet bench", description="measure throughput and latency against raw SQL"
+    )
+    add_arguments(parser)
+    main(parser.parse_args(argv))

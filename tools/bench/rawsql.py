@@ -1,27 +1,7 @@
-"""SQL used only by ``pgfleet bench``: its scratch database and the raw-SQL reference
-queue it measures the library against (a minimal table, as a hand-written queue
-would have)."""
-
-from __future__ import annotations
-
-import re
-
-_IDENT = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-
-
-def _ident(name: str) -> str:
-    if not _IDENT.fullmatch(name):
-        raise ValueError(f"benchmark database name {name!r} must match {_IDENT.pattern}")
-    return f'"{name}"'
-
-
-def create_database(name: str) -> str:
-    return f"CREATE DATABASE {_ident(name)}"
-
-
-def drop_database(name: str) -> str:
-    return f"DROP DATABASE IF EXISTS {_ident(name)} WITH (FORCE)"
-
+"""SQL of the benchmark (tools/bench/): the raw-SQL reference queue it measures
+pgfleet against (a minimal table, as a hand-written queue would have), and what it
+reads and writes around the measurements. Not part of the installed package.
+"""
 
 RAW_SCHEMA = """
 CREATE SCHEMA IF NOT EXISTS bench_raw;
