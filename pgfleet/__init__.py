@@ -4,6 +4,7 @@ Delivery is at-least-once: make handlers idempotent (see the README).
 """
 
 from pgfleet._runtime.outcomes import RunStats
+from pgfleet._version import __version__ as __version__
 from pgfleet.config import WorkerConfig
 from pgfleet.context import current_job, is_shutting_down, shutdown_requested, worker_started_at
 from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday
@@ -37,8 +38,6 @@ from pgfleet.jobs import (
 from pgfleet.queue import NotifyMode, Queue, create_pool
 from pgfleet.registry import Registry
 from pgfleet.worker import Worker
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CronJob",

@@ -6,16 +6,16 @@ import asyncio
 import enum
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 from uuid import UUID
 
 from pgfleet import _ids
-from pgfleet.db import pool as pools
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, tune_socket
+from pgfleet.db.bounded import AppPool
+from pgfleet.db.pool import create_pool as create_pool  # public: pgfleet.create_pool
 from pgfleet.db.store import Store
-from pgfleet.db.types import AppPool, Connection
+from pgfleet.db.types import Connection
 from pgfleet.errors import (
     DuplicateJobKey,
     InvalidJobState,
@@ -655,56 +655,3 @@ class _Batch:
         batch_index = {job_id: i for i, job_id in enumerate(self.ids)}
         for row in rows:
             self.ids[batch_index[row[0]]] = resolved[row[6]]
-
-
-async def _no_session_reset(connection: object) -> None:
-    """Pool ``reset`` hook: asyncpg has already rolled back any open transaction."""
-
-
-async def create_pool(
-    dsn: str | None = None, *, pgbouncer: bool = False, **kwargs: Any
-) -> pools.Pool:
-    """An asyncpg pool tuned for pgfleet; takes asyncpg.create_pool's arguments.
-
-    Connections go back to the pool without asyncpg's default session reset (one
-    extra round trip per release: ``UNLISTEN *; RESET ALL; …``), which pgfleet never
-    needs because it leaves no session state behind. An open transaction is still
-    rolled back. Use it for pools that serve pgfleet; keep a default pool for code
-    that changes session settings.
-
-    Each connection gets TCP keepalive and a TCP user timeout, connecting gives up
-    after ``timeout`` (default 10 s), and handing a connection back never waits more
-    than ``release_timeout`` seconds (default 15) for a cancelled query to be
-    acknowledged: a query that timed out on a server that no longer answers drops
-    its connection instead of holding the caller and the pool slot for ever.
-
-    ``pgbouncer=True`` is for a DSN that goes through a pooler in transaction mode
-    which cannot keep named prepared statements (PgBouncer before 1.21, or without
-    ``max_prepared_statements``): asyncpg's statement cache is turned off, so every
-    statement is prepared unnamed in the round trip that runs it.
-    """
-    if pgbouncer:
-        kwargs.setdefault("statement_cache_size", 0)
-    kwargs.setdefault("reset", _no_session_reset)
-    # A server that accepts TCP but never answers must not hold up a connect for
-    # asyncpg's default of a minute.
-    kwargs.setdefault("timeout", CONNECT_TIMEOUT)
-    kwargs["init"] = _with_tuned_socket(kwargs.get("init"))
-    release_timeout = kwargs.pop("release_timeout", DEFAULT_DATABASE_TIMEOUT)
-    return await pools.create(dsn, release_timeout, **kwargs)
-
-
-#: Default connect timeout of ``create_pool``, in seconds.
-CONNECT_TIMEOUT = 10.0
-
-
-def _with_tuned_socket(init: Any) -> Callable[[Any], Awaitable[None]]:
-    """The pool's ``init`` hook: TCP keepalive and user timeout on each new
-    connection, so a peer that vanished is noticed, then the caller's own hook."""
-
-    async def tuned(connection: Any) -> None:
-        tune_socket(connection)
-        if init is not None:
-            await init(connection)
-
-    return tuned

@@ -20,11 +20,11 @@ from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet._runtime.services import Heartbeat, Identity, Maintenance
 from pgfleet.config import WorkerConfig as WorkerConfig  # still importable from here
-from pgfleet.db import Q
 from pgfleet.db.boundary import is_connection_error
 from pgfleet.db.bounded import bounded
 from pgfleet.db.migrate import check_schema
 from pgfleet.db.pooler import LazyPool
+from pgfleet.db.store import Store
 from pgfleet.errors import InvalidOptions, SchemaNotReady
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job
@@ -404,7 +404,7 @@ class Worker:
 
     async def _notify_fleet(self) -> None:
         with contextlib.suppress(Exception):
-            await self._db.execute(Q.notify_wakeup.sql)
+            await Store(self._db).notify_wakeup()
 
     def health(self) -> str | None:
         """None while the claim loop reaches the database, else why it does not."""

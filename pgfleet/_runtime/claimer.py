@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 import uuid
@@ -14,37 +13,15 @@ from typing import Any
 
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
-from pgfleet.db import Q
-from pgfleet.db.boundary import is_connection_error
+from pgfleet.db.boundary import claimed_job, is_connection_error
 from pgfleet.db.bounded import BoundedPool, Held
+from pgfleet.db.store import Store
+from pgfleet.db.types import Record
 from pgfleet.events import WorkerEvents
-from pgfleet.jobs import Job, JobStatus
+from pgfleet.jobs import Job
 from pgfleet.payloads import storable_text
 
 log = logging.getLogger("pgfleet")
-
-
-def claimed_job(row: Any, worker_id: uuid.UUID) -> Job:
-    """The Job of a row the claim round took."""
-    payload = row["payload"]
-    return Job(
-        id=row["id"],
-        name=row["name"],
-        payload=None if payload is None else json.loads(payload),
-        status=JobStatus.RUNNING,
-        attempt=row["attempt"],
-        max_attempts=row["max_attempts"],
-        priority=row["priority"],
-        queue_name=row["queue_name"],
-        job_key=row["job_key"],
-        run_at=row["run_at"],
-        created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=None,
-        last_error=row["last_error"],
-        worker_id=worker_id,
-        lock_token=row["lock_token"],
-    )
 
 
 class ClaimLoop:
@@ -164,11 +141,11 @@ class ClaimLoop:
                         if held is None:
                             held = Held(await self._pool.acquire(timeout=self._timeout))
                             if not self._pooled:
-                                await held.conn.execute(Q.claim_session_begin.sql)
+                                await Store(held.conn).claim_session_begin()
                             reached = True
                             if self._failures:
-                                await self._release_unknown(held.conn, batch)
-                        rows = await self._claim(held.conn, batch, free)
+                                await self._release_unknown(Store(held.conn), batch)
+                        rows = await self._claim(Store(held.conn), batch, free)
                 except TimeoutError:
                     await self._round_failed(batch, held, None, reached=False)
                     held = None
@@ -178,7 +155,7 @@ class ClaimLoop:
                         # The database answered, and refused: not an outage.
                         self._round_started = None
                         refused += 1
-                        await self._isolate(held.conn, batch, exc, refused)
+                        await self._isolate(Store(held.conn), batch, exc, refused)
                         await self.pause(min(30.0, 0.05 * 2 ** min(refused, 10)))
                         continue
                     await self._round_failed(batch, held, exc, reached=reached)
@@ -211,7 +188,7 @@ class ClaimLoop:
                 try:
                     async with asyncio.timeout(min(self._timeout, 5.0)):
                         if not self._pooled:
-                            await held.conn.execute(Q.claim_session_end.sql)
+                            await Store(held.conn).claim_session_end()
                 except BaseException:
                     # Closed, not released: its session was not reset (and a live
                     # connection kept out of the pool is one pool.close() waits for).
@@ -222,33 +199,38 @@ class ClaimLoop:
             elif held is not None:
                 held.drop()
 
-    async def _claim(self, conn: Any, batch: list[Outcome], free: int) -> list[Any]:
+    async def _claim(self, store: Store, batch: list[Outcome], free: int) -> list[Record]:
         """One claim round's statement. Behind a transaction-mode pooler it runs in a
         transaction of its own that carries the planner settings (SET LOCAL); a
         direct connection has them on its session (claim_session_begin)."""
-        args = (
-            [o.job.id for o in batch],
-            [o.job.lock_token for o in batch],
-            [o.action for o in batch],
-            [o.delay for o in batch],
-            [o.error for o in batch],
-            self.worker_id,
-            self._names,
-            self._queue_names,
-            free,
-        )
         if not self._pooled:
-            return list(await conn.fetch(Q.job_complete_and_claim.sql, *args))
-        await conn.execute(Q.claim_transaction_begin.sql)
+            return await self._complete_and_claim(store, batch, free)
+        await store.claim_transaction_begin()
         try:
-            rows = await conn.fetch(Q.job_complete_and_claim.sql, *args)
-            await conn.execute(Q.claim_transaction_commit.sql)
+            rows = await self._complete_and_claim(store, batch, free)
+            await store.claim_transaction_commit()
         except Exception:
+            conn = store.connection
             if not conn.is_closed() and conn.is_in_transaction():
                 with contextlib.suppress(Exception):
-                    await conn.execute(Q.claim_transaction_rollback.sql)
+                    await store.claim_transaction_rollback()
             raise
-        return list(rows)
+        return rows
+
+    async def _complete_and_claim(
+        self, store: Store, batch: list[Outcome], free: int
+    ) -> list[Record]:
+        return await store.job_complete_and_claim(
+            ids=[o.job.id for o in batch],
+            tokens=[o.job.lock_token for o in batch],
+            actions=[o.action for o in batch],
+            delays=[o.delay for o in batch],
+            errors=[o.error for o in batch],
+            worker_id=self.worker_id,
+            job_names=self._names,
+            queue_names=self._queue_names,
+            limit=free,
+        )
 
     async def _round_failed(
         self, batch: list[Outcome], held: Held | None, exc: BaseException | None, *, reached: bool
@@ -291,7 +273,7 @@ class ClaimLoop:
         await self.pause(delay)
 
     async def _isolate(
-        self, conn: Any, batch: list[Outcome], exc: BaseException, refused: int
+        self, store: Store, batch: list[Outcome], exc: BaseException, refused: int
     ) -> None:
         """Write a refused round's outcomes one at a time, claiming nothing. An
         outcome the database refuses is replaced by a permanent failure that says
@@ -306,7 +288,7 @@ class ClaimLoop:
             )
         for index, o in enumerate(batch):
             try:
-                rows = await self._write_one(conn, o)
+                rows = await self._write_one(store, o)
             except Exception as exc:
                 if is_connection_error(exc) or isinstance(exc, TimeoutError):
                     for rest in batch[index:]:
@@ -320,7 +302,7 @@ class ClaimLoop:
                 log.error("job %s (%s): %s", o.job.id, o.job.name, error)
                 o.action, o.label, o.delay, o.error = "failed", "failed", 0.0, error
                 try:
-                    rows = await self._write_one(conn, o)
+                    rows = await self._write_one(store, o)
                 except Exception as again:
                     log.error(
                         "job %s (%s): its outcome cannot be written (%s); it stays running "
@@ -332,30 +314,17 @@ class ClaimLoop:
                     continue
             self._settle([o], rows)
 
-    async def _write_one(self, conn: Any, o: Outcome) -> list[Any]:
+    async def _write_one(self, store: Store, o: Outcome) -> list[Record]:
         async with asyncio.timeout(self._timeout):
-            return list(
-                await conn.fetch(
-                    Q.job_complete_and_claim.sql,
-                    [o.job.id],
-                    [o.job.lock_token],
-                    [o.action],
-                    [o.delay],
-                    [o.error],
-                    self.worker_id,
-                    self._names,
-                    self._queue_names,
-                    0,
-                )
-            )
+            return await self._complete_and_claim(store, [o], 0)
 
-    async def _release_unknown(self, conn: Any, batch: list[Outcome]) -> None:
+    async def _release_unknown(self, store: Store, batch: list[Outcome]) -> None:
         known = (
             list(self._executor.running)
             + [o.job.id for o in batch]
             + [o.job.id for o in self.outcomes]
         )
-        released = await conn.fetchval(Q.job_release_unknown.sql, self.worker_id, known)
+        released = await store.job_release_unknown(worker_id=self.worker_id, known_ids=known)
         if released:
             log.warning(
                 "released %d jobs claimed by a round whose answer was lost with the connection",
@@ -365,7 +334,7 @@ class ClaimLoop:
     async def pause(self, delay: float) -> None:
         await asyncio.sleep(delay)
 
-    def _settle(self, batch: list[Outcome], rows: list[Any]) -> int:
+    def _settle(self, batch: list[Outcome], rows: list[Record]) -> int:
         """Report the round's written outcomes and start the jobs it claimed."""
         applied: set[uuid.UUID] = set()
         jobs: list[Job] = []

@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 from pgfleet._runtime.services import Periodic
 from pgfleet.cron import CronJob, seconds_text
+from pgfleet.db.bounded import AppPool
 from pgfleet.db.store import CronState, Store
-from pgfleet.db.types import AppPool
 from pgfleet.errors import InvalidOptions, PayloadDecodeError
 from pgfleet.occurrences import (
     aware,

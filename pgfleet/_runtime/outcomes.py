@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from pgfleet.jobs import Job
 
-#: What the database does with an attempt (the ``kind`` column of the claim round's
-#: outcome list): the job succeeded, failed for good, is retried later, or is handed
+#: What the database does with an attempt (the ``action`` column of the claim
+#: round's outcome list): the job succeeded, failed for good, is retried later, or is handed
 #: back at shutdown without its attempt counted.
 ACTIONS = ("succeeded", "failed", "retry", "aborted")
 

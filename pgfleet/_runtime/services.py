@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
+from pgfleet._version import __version__
 from pgfleet.db.store import Store
 from pgfleet.db.types import Executor
 from pgfleet.events import WorkerEvents
@@ -112,8 +113,6 @@ class Identity:
     def new(
         cls, worker_id: UUID, concurrency: int, job_names: list[str], queue_names: list[str] | None
     ) -> Identity:
-        from pgfleet import __version__
-
         return cls(
             worker_id,
             socket.gethostname(),

@@ -24,7 +24,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from pgfleet.errors import DatabaseUnavailable
 
@@ -32,9 +32,11 @@ if TYPE_CHECKING:
     from asyncpg import Pool, Record
     from asyncpg.pool import PoolConnectionProxy
 
-    from pgfleet.db.types import AppPool
-
 log = logging.getLogger("pgfleet")
+
+#: The pool an application hands pgfleet: asyncpg's (``create_pool``'s is one), or
+#: one wrapped in a BoundedPool.
+AppPool: TypeAlias = "Pool[Record] | BoundedPool"
 
 #: Default bound of one database call made by pgfleet itself, in seconds.
 DEFAULT_DATABASE_TIMEOUT = 15.0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from pgfleet.db.pooler import behind_pooler, refuse_migrations, transaction_pooled
 from pgfleet.errors import MigrationError, SchemaNotReady
 
 log = logging.getLogger("pgfleet")
@@ -108,8 +109,6 @@ async def migrate(pool_or_connection: Any) -> list[int]:
     with a pool, two of its connections tell; a single connection that goes through
     a pooler cannot tell its mode and is warned about.
     """
-    from pgfleet.db.pooler import behind_pooler, refuse_migrations, transaction_pooled
-
     shipped = migrations()
     if hasattr(pool_or_connection, "acquire"):
         pool = pool_or_connection

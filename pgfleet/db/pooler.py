@@ -14,6 +14,8 @@ import contextlib
 import logging
 from typing import Any
 
+from pgfleet.db.bounded import close_pool
+from pgfleet.db.pool import create_pool
 from pgfleet.errors import MigrationError
 
 log = logging.getLogger("pgfleet")
@@ -37,8 +39,6 @@ class LazyPool:
                 self._opening = asyncio.Lock()
             async with self._opening:
                 if self._pool is None:
-                    from pgfleet.queue import create_pool
-
                     self._pool = await create_pool(self.dsn, min_size=0, max_size=1, **self._kwargs)
         return self._pool
 
@@ -55,8 +55,6 @@ class LazyPool:
     async def close(self, timeout: float = 5.0) -> None:
         pool, self._pool = self._pool, None
         if pool is not None:
-            from pgfleet.db.bounded import close_pool
-
             await close_pool(pool, timeout)
 
 

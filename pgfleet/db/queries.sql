@@ -236,24 +236,24 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 -- running job. Returns the applied outcomes (claimed = false) and the claimed jobs.
 WITH outcome AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[])
-        AS o(id, token, kind, delay, error)
+        AS o(id, token, action, delay, error)
 ), done AS (
     UPDATE pgfleet.jobs j
-    SET status = CASE o.kind WHEN 'succeeded' THEN 'succeeded'
+    SET status = CASE o.action WHEN 'succeeded' THEN 'succeeded'
                              WHEN 'failed' THEN 'failed'
                              ELSE 'queued' END::pgfleet.job_status,
-        finished_at = CASE WHEN o.kind IN ('succeeded', 'failed') THEN now() END,
+        finished_at = CASE WHEN o.action IN ('succeeded', 'failed') THEN now() END,
         -- An aborted attempt is not counted and the job keeps its run_at: it goes
         -- back to its place in line (and a cron job keeps its occurrence).
-        run_at = CASE o.kind WHEN 'retry' THEN now() + make_interval(secs => o.delay)
+        run_at = CASE o.action WHEN 'retry' THEN now() + make_interval(secs => o.delay)
                              ELSE j.run_at END,
-        attempt = CASE WHEN o.kind = 'aborted' THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
+        attempt = CASE WHEN o.action = 'aborted' THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
         last_error = COALESCE(o.error, j.last_error),
         locked_by = NULL,
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
-    RETURNING j.id, (j.queue_name IS NOT NULL OR o.kind = 'aborted') AS frees
+    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted') AS frees
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
     SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1

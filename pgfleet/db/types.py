@@ -9,21 +9,12 @@ without a common base class (asyncpg has none).
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import Any, Protocol
 
 from asyncpg import Record
 from asyncpg.transaction import Transaction
 
-if TYPE_CHECKING:
-    import asyncpg
-
-    from pgfleet.db.bounded import BoundedPool
-
-__all__ = ["AppPool", "Connection", "Executor", "Pool", "Record"]
-
-#: The pool an application hands pgfleet: asyncpg's (``create_pool``'s is one), or
-#: one wrapped in a BoundedPool.
-AppPool: TypeAlias = "asyncpg.Pool[Record] | BoundedPool"
+__all__ = ["Connection", "Executor", "Pool", "Record"]
 
 
 class Executor(Protocol):
@@ -44,6 +35,8 @@ class Connection(Executor, Protocol):
     def transaction(self) -> Transaction: ...
 
     def is_in_transaction(self) -> bool: ...
+
+    def is_closed(self) -> bool: ...
 
 
 class Pool(Executor, Protocol):

@@ -15,7 +15,7 @@ from pgfleet.db.migrate import check_schema
 from pgfleet.service.metrics import CONTENT_TYPE, QueueStats, render
 
 if TYPE_CHECKING:
-    from pgfleet.db.types import AppPool
+    from pgfleet.db.bounded import AppPool
 
 log = logging.getLogger("pgfleet")
 

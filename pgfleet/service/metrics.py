@@ -32,7 +32,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from pgfleet import __version__
+from pgfleet._version import __version__
 from pgfleet.db.store import KindStats, Store
 from pgfleet.db.types import Pool
 from pgfleet.events import WorkerEvents

@@ -19,18 +19,11 @@ CALL = re.compile(r"\.(fetch|fetchrow|fetchval|execute|executemany|copy_\w+)\(")
 #: Calls that match the pattern but run no SQL.
 NOT_SQL = re.compile(r"contextvars\.copy_context\(")
 
-ALLOWED = {
-    # converted by another branch: the lead moves the claim loop onto the Store
-    "worker.py",
-    # converted by another branch: the benchmark moves out of the package
-    "bench.py",
-    # converted by another branch: the benchmark's raw SQL moves out with it
-    "db/benchsql.py",
-}
+ALLOWED: set[str] = set()  # keep it empty: pgfleet/db/ alone runs SQL
 
 
 def _in_data_layer(relative: str) -> bool:
-    return relative.startswith("db/") and relative != "db/benchsql.py"
+    return relative.startswith("db/")
 
 
 def test_only_the_data_layer_executes_sql() -> None:

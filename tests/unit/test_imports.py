@@ -19,25 +19,12 @@ import pgfleet
 PACKAGE = Path(pgfleet.__file__).parent
 ALLOW = "# lazy:"
 
-# Known cycles, each as the set of its modules, owned by branches in flight. The lead
-# empties these at merge: worker <-> cron (the cron split removes it), and
-# _runtime.services importing pgfleet's __init__ (for __version__) while pgfleet imports
-# worker, which imports _runtime.services (the runtime split).
-KNOWN_CYCLES: list[set[str]] = [
-    {"pgfleet", "pgfleet._runtime.services", "pgfleet.cron", "pgfleet.worker"},
-]
+# Known cycles, each as the set of its modules. Empty: keep it so.
+KNOWN_CYCLES: list[set[str]] = []
 
 # Known function-local imports of pgfleet modules without a reason, as (module,
-# imported), in files other branches are rewriting. The lead empties this at merge.
-KNOWN_LOCAL: set[tuple[str, str]] = {
-    ("pgfleet.worker", "pgfleet.cron"),  # the cron split
-    ("pgfleet._runtime.services", "pgfleet"),  # the runtime split
-    ("pgfleet.queue", "pgfleet.db.pool"),  # the data layer
-    ("pgfleet.db.pooler", "pgfleet.queue"),  # the data layer
-    ("pgfleet.db.pooler", "pgfleet.db.bounded"),  # the data layer
-    ("pgfleet.db.migrate", "pgfleet.db.pooler"),  # the data layer
-    ("pgfleet.bench", "pgfleet.service.worker_cmd"),  # bench leaves the package
-}
+# imported). Empty: keep it so.
+KNOWN_LOCAL: set[tuple[str, str]] = set()
 
 
 @dataclass(frozen=True)
