@@ -7,7 +7,6 @@ import contextlib
 import inspect
 import logging
 import threading
-import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -17,8 +16,9 @@ from pgfleet._runtime.claimer import ClaimLoop
 from pgfleet._runtime.cron_runner import CronService
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.listener import Listener
+from pgfleet._runtime.maintenance import Pruner, Rescuer, Vacuumer
 from pgfleet._runtime.outcomes import Outcome, RunStats
-from pgfleet._runtime.services import Heartbeat, Identity, Maintenance
+from pgfleet._runtime.services import Heartbeat, Identity, Periodic
 from pgfleet.config import WorkerConfig as WorkerConfig  # still importable from here
 from pgfleet.db.boundary import is_connection_error
 from pgfleet.db.bounded import bounded
@@ -36,7 +36,10 @@ log = logging.getLogger("pgfleet")
 
 #: At shutdown, the longest wait for the database to take this worker off its list.
 DEREGISTER_TIMEOUT = 3.0
-#: The claim loop and the listener each hold one; heartbeat and maintenance share one.
+#: Rows the leader's rescue takes per statement.
+RESCUE_BATCH_SIZE = 1000
+#: The claim loop and the listener each hold one; the heartbeat and the leader's
+#: chores (which take turns) share one.
 _MIN_POOL_SIZE = 3
 
 
@@ -159,20 +162,38 @@ class Worker:
             events=self._events,
             on_leader=self._on_leader,
         )
-        self._maintenance = Maintenance(
+        # The leader's chores take turns: together they hold one connection.
+        turn = asyncio.Lock()
+        is_leader = self._heartbeat_leads
+        self._rescuer = Rescuer(
             self._db,
             interval=cfg.seconds("heartbeat_interval"),
-            is_leader=lambda: self._heartbeat.is_leader,
-            retention=cfg.optional_seconds("finished_job_retention"),
-            prune_interval=cfg.seconds("prune_interval"),
-            prune_batch_size=cfg.prune_batch_size,
-            rescue_batch_size=1000,
-            vacuum=cfg.vacuum,
-            vacuum_interval=cfg.seconds("vacuum_interval"),
-            vacuum_min_dead=cfg.vacuum_min_dead_tuples,
+            is_leader=is_leader,
+            turn=turn,
+            batch_size=RESCUE_BATCH_SIZE,
             events=self._events,
             wake=self._notify_fleet,
-            clock=time.monotonic,
+        )
+        retention = cfg.optional_seconds("finished_job_retention")
+        self._pruner = (
+            None
+            if retention is None
+            else Pruner(
+                self._db,
+                interval=cfg.seconds("prune_interval"),
+                is_leader=is_leader,
+                turn=turn,
+                retention=retention,
+                batch_size=cfg.prune_batch_size,
+            )
+        )
+        self._vacuumer = Vacuumer(
+            self._db,
+            interval=cfg.seconds("vacuum_interval"),
+            is_leader=is_leader,
+            turn=turn,
+            mode=cfg.vacuum,
+            min_dead_tuples=cfg.vacuum_min_dead_tuples,
         )
         #: The listener's own connection (listen_dsn), closed when the worker stops.
         self._listen_pool: LazyPool | None = None
@@ -212,7 +233,7 @@ class Worker:
         else:
             self._events = _Fanout([self._events, events])
         self._heartbeat.events = self._events
-        self._maintenance.events = self._events
+        self._rescuer.events = self._events
         self._executor.events = self._events
         self._claims.events = self._events
 
@@ -225,8 +246,28 @@ class Worker:
         return len(self._executor.running)
 
     @property
-    def maintenance(self) -> Maintenance:
-        return self._maintenance
+    def rescuer(self) -> Rescuer:
+        """Recovers the jobs of dead workers (while this worker leads)."""
+        return self._rescuer
+
+    @property
+    def pruner(self) -> Pruner | None:
+        """Deletes finished jobs past their retention (None: retention is off)."""
+        return self._pruner
+
+    @property
+    def vacuumer(self) -> Vacuumer:
+        """Vacuums the jobs table when nothing else does (while this worker leads)."""
+        return self._vacuumer
+
+    def _chores(self) -> list[Periodic]:
+        chores: list[Periodic] = [self._rescuer, self._vacuumer]
+        if self._pruner is not None:
+            chores.append(self._pruner)
+        return chores
+
+    def _heartbeat_leads(self) -> bool:
+        return self._heartbeat.is_leader
 
     @property
     def heartbeat(self) -> Heartbeat:
@@ -267,7 +308,7 @@ class Worker:
             if stop is not None and not stop.done():
                 stop.cancel()
             await self._stop_services()
-        self.stats.rescued = self._maintenance.rescued
+        self.stats.rescued = self._rescuer.rescued
         return self.stats
 
     # ------------------------------------------------------------ lifecycle
@@ -328,7 +369,8 @@ class Worker:
                 self._poll,
             )
         self._heartbeat.start()
-        self._maintenance.start()
+        for chore in self._chores():
+            chore.start()
         if self._cron_service is not None:
             self._cron_service.start()
         self._started.set()
@@ -369,7 +411,8 @@ class Worker:
                     log.exception("shutdown hook %r failed", hook)
         # Together, each bounded: a database that does not answer delays the stop
         # by seconds, not by a round trip per service.
-        stops = [self._maintenance.stop(), self._heartbeat.stop()]
+        stops = [chore.stop() for chore in self._chores()]
+        stops.append(self._heartbeat.stop())
         if self._cron_service is not None:
             stops.append(self._cron_service.stop())
         if self._listener is not None:
@@ -394,7 +437,8 @@ class Worker:
 
     def _on_leader(self, leader: bool) -> None:
         if leader:
-            self._maintenance.kick()
+            for chore in self._chores():
+                chore.kick()
 
     def _on_outcome(self, outcome: Outcome) -> None:
         self._claims.add_outcome(outcome)

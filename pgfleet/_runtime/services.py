@@ -3,8 +3,9 @@
 
 - Heartbeat: registers the worker, renews its lease (which renews every lock it
   holds) and takes or renews the fleet leadership.
-- Maintenance (leader only): rescues jobs of dead workers, prunes finished jobs and
-  vacuums the jobs table when nothing else does.
+
+The leader's chores (rescue, prune, vacuum) have the same shape, in
+``_runtime/maintenance.py``.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import os
 import random
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
@@ -183,122 +184,3 @@ class Heartbeat(Periodic):
         if self.is_leader:
             self.is_leader = False
             self.events.leader_changed(False)
-
-
-class Maintenance(Periodic):
-    """Fleet-wide chores, run only while this worker leads."""
-
-    name = "maintenance"
-
-    def __init__(
-        self,
-        pool: Executor,
-        *,
-        interval: float,
-        is_leader: Callable[[], bool],
-        retention: float | None,
-        prune_interval: float,
-        prune_batch_size: int,
-        rescue_batch_size: int,
-        vacuum: str,
-        vacuum_interval: float,
-        vacuum_min_dead: int,
-        events: WorkerEvents,
-        wake: Callable[[], Awaitable[None]],
-        clock: Callable[[], float],
-    ) -> None:
-        super().__init__(interval)
-        self._store = Store(pool)
-        self._is_leader = is_leader
-        self._retention = retention
-        self._prune_interval = prune_interval
-        self._prune_batch = prune_batch_size
-        self._rescue_batch = rescue_batch_size
-        self.events = events
-        self._wake = wake
-        self._clock = clock
-        self._last_prune = float("-inf")
-        self._vacuum = vacuum
-        self._vacuum_interval = vacuum_interval
-        self._vacuum_min_dead = vacuum_min_dead
-        self._last_vacuum_check = float("-inf")
-        self.rescued = 0
-        self.pruned = 0
-        self.vacuums = 0
-
-    async def run_once(self) -> None:
-        if not self._is_leader():
-            return
-        await self.rescue()
-        now = self._clock()
-        if self._retention is not None and now - self._last_prune >= self._prune_interval:
-            self._last_prune = now
-            await self.prune()
-        if self._vacuum != "never" and now - self._last_vacuum_check >= self._vacuum_interval:
-            self._last_vacuum_check = now
-            await self.vacuum_if_needed()
-
-    async def rescue(self) -> int:
-        """Recover the jobs of workers whose heartbeat expired."""
-        total = 0
-        while True:
-            rows = await self._store.job_rescue(limit=self._rescue_batch)
-            jobs = [r for r in rows if r.job_id is not None]
-            for r in rows:
-                if r.job_id is None:
-                    log.info("deregistered worker %s: its heartbeat expired", r.worker_id)
-            for r in jobs:
-                log.info(
-                    "recovered job %s (%s) from dead worker %s: now %s",
-                    r.job_id,
-                    r.name,
-                    r.worker_id,
-                    r.status,
-                )
-            total += len(jobs)
-            if len(jobs) < self._rescue_batch:
-                break
-        if total:
-            self.rescued += total
-            self.events.jobs_rescued(total)
-            await self._wake()
-        return total
-
-    async def prune(self) -> int:
-        """Delete finished jobs older than the retention, a bounded batch at a time."""
-        assert self._retention is not None
-        total = 0
-        for _ in range(100):  # at most 100 batches per round; the next round goes on
-            n = await self._store.job_prune_finished(
-                older_than_seconds=self._retention, batch_size=self._prune_batch
-            )
-            total += n
-            if n < self._prune_batch:
-                break
-        if total:
-            self.pruned += total
-            log.info("pruned %d finished jobs older than %.0fs", total, self._retention)
-        return total
-
-    async def vacuum_if_needed(self) -> bool:
-        """VACUUM (ANALYZE) the jobs table when it carries many dead tuples and
-        nothing else will clean them: autovacuum is off (``vacuum="auto"``), or
-        always (``vacuum="always"``). A queue rewrites every row it holds twice, so
-        without vacuum its dead tuples and index bloat grow without bound."""
-        health = await self._store.jobs_table_health()
-        if health is None:
-            return False
-        if self._vacuum == "auto" and health.autovacuum:
-            return False
-        dead, live = health.dead_tuples, health.live_tuples
-        if dead < max(self._vacuum_min_dead, live // 5):
-            return False
-        try:
-            await self._store.jobs_vacuum()
-        except Exception as exc:
-            log.warning("could not vacuum pgfleet.jobs (%s); not trying again", exc)
-            self._vacuum = "never"
-            return False
-        self.vacuums += 1
-        log.info("vacuumed pgfleet.jobs: %d dead tuples (%d live)", dead, live)
-        return True

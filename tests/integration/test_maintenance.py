@@ -30,10 +30,15 @@ async def test_the_leader_prunes_old_finished_jobs_in_batches(pool: asyncpg.Pool
     )
     await worker.heartbeat.run_once()  # registers and, alone, takes the leadership
     assert worker.is_leader
-    assert await worker.maintenance.prune() == 25
+    assert await prune(worker) == 25
     left = {r["id"] for r in await pool.fetch("SELECT id FROM pgfleet.jobs")}
     assert left == {fresh, running}
     await worker.heartbeat.deregister()
+
+
+async def prune(worker: Worker) -> int:
+    assert worker.pruner is not None  # retention is set
+    return await worker.pruner.prune()
 
 
 async def test_only_one_worker_leads(pool: asyncpg.Pool) -> None:
@@ -42,8 +47,11 @@ async def test_only_one_worker_leads(pool: asyncpg.Pool) -> None:
         await w.heartbeat.run_once()
     assert [w.is_leader for w in workers] == [True, False, False]
     # A follower does nothing in maintenance, even if asked.
-    await workers[1].maintenance.run_once()
-    assert workers[1].maintenance.rescued == 0
+    follower = workers[1]
+    for chore in (follower.rescuer, follower.pruner, follower.vacuumer):
+        assert chore is not None
+        await chore.run_once()
+    assert follower.rescuer.rescued == 0
     # The leader resigns when it deregisters; the next heartbeat elects another.
     await workers[0].heartbeat.deregister()
     await workers[1].heartbeat.run_once()
@@ -63,7 +71,7 @@ async def test_rescue_requeues_or_buries_jobs_of_expired_workers(pool: asyncpg.P
     rec = Recorder()
     leader = Worker(pool, runtime_app.registry, WorkerConfig(**FAST), events=rec)
     await leader.heartbeat.run_once()
-    assert await leader.maintenance.rescue() == 2
+    assert await leader.rescuer.rescue() == 2
     a, b = await queue.get(again), await queue.get(buried)
     assert a is not None and a.status.value == "queued" and a.attempt == 1
     assert a.last_error is not None and "stopped heartbeating during attempt 1" in a.last_error
@@ -87,12 +95,12 @@ async def test_the_leader_vacuums_the_jobs_table(pool: asyncpg.Pool, mode: str) 
     before = await pool.fetchval(
         "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
     )
-    await worker.maintenance.run_once()
+    await worker.vacuumer.run_once()
     after = await pool.fetchval(
         "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
     )
-    assert worker.maintenance.vacuums == (1 if mode == "always" else 0)
-    assert after - before == worker.maintenance.vacuums
+    assert worker.vacuumer.vacuums == (1 if mode == "always" else 0)
+    assert after - before == worker.vacuumer.vacuums
     await worker.heartbeat.deregister()
 
 
@@ -104,7 +112,7 @@ async def test_vacuum_auto_leaves_tables_that_autovacuum_covers(pool: asyncpg.Po
     await drain(pool, runtime_app.registry)
     worker = Worker(pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=0, **FAST))
     await worker.heartbeat.run_once()
-    vacuumed = await worker.maintenance.vacuum_if_needed()
+    vacuumed = await worker.vacuumer.vacuum_if_needed()
     # Vacuumed exactly when the server's autovacuum is off (as on this test machine).
     assert vacuumed is (not autovacuum_on)
     await worker.heartbeat.deregister()
