@@ -19,9 +19,10 @@ from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.maintenance import Pruner, Rescuer, Vacuumer
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet._runtime.services import Heartbeat, Identity, Periodic
-from pgfleet.config import WorkerConfig as WorkerConfig  # still importable from here
+from pgfleet.config import WorkerConfig as WorkerConfig
+from pgfleet.cron import CronJob  # still importable from here
 from pgfleet.db.boundary import is_connection_error
-from pgfleet.db.bounded import bounded
+from pgfleet.db.bounded import AppPool, bounded
 from pgfleet.db.migrate import check_schema
 from pgfleet.db.pooler import LazyPool
 from pgfleet.db.store import Store
@@ -84,11 +85,11 @@ class Worker:
 
     def __init__(
         self,
-        pool: Any,
+        pool: AppPool,
         registry: Registry,
         config: WorkerConfig | None = None,
         *,
-        crons: Sequence[Any] = (),
+        crons: Sequence[CronJob] = (),
         events: WorkerEvents | None = None,
     ) -> None:
         self.config = config or WorkerConfig()
@@ -244,6 +245,11 @@ class Worker:
     @property
     def active_jobs(self) -> int:
         return len(self._executor.running)
+
+    @property
+    def cron_runner(self) -> CronService | None:
+        """Enqueues the occurrences of this worker's cron schedules (None: none)."""
+        return self._cron_service
 
     @property
     def rescuer(self) -> Rescuer:

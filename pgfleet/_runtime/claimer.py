@@ -9,7 +9,6 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
@@ -36,7 +35,7 @@ class ClaimLoop:
     def __init__(
         self,
         worker_id: uuid.UUID,
-        pool: Any,
+        pool: Any,  # the application's pool: held connections come from it directly
         db: BoundedPool,
         executor: JobRunner,
         *,

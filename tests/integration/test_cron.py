@@ -183,7 +183,8 @@ async def test_a_worker_catches_up_on_the_database_clock_and_runs_the_job(
     # A worker started later without catch-up enqueues nothing more.
     async with running_worker(pool, runtime_app.registry, config, crons=[cron]) as (w, _):
         await w.wait_started()
-        await w._cron_service.run_once()
+        assert w.cron_runner is not None
+        await w.cron_runner.run_once()
     assert len(await cron_jobs(pool)) == 1
 
 

@@ -85,7 +85,8 @@ async def test_cron_jobs_count_as_enqueued(pool: asyncpg.Pool) -> None:
     worker = Worker(pool, runtime_app.registry, WorkerConfig(**FAST), crons=[cron])
     seen: list[tuple[str, int]] = []
     worker.on_enqueued = lambda name, n: seen.append((name, n))
-    service = worker._cron_service
+    service = worker.cron_runner
+    assert service is not None
     await service.prepare()
     slot = await pool.fetchval("SELECT date_trunc('minute', now()) + interval '1 minute'")
     assert await service.hand_out("counted", slot) is Outcome.ENQUEUED
