@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
