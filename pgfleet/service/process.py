@@ -167,3 +167,32 @@ def exit_despite_stuck_threads(code: int) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+# ---------------------------------------------------------------- child processes
+
+#: Run in the child before the real command: ask the kernel for SIGTERM when the
+#: parent dies (1 is PR_SET_PDEATHSIG), check the parent is still the one that
+#: started it, then exec the command (same pid; the request survives exec).
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys; "
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "
+    "os.getppid() == int(sys.argv[1]) or sys.exit('parent process gone'); "
+    "os.execvp(sys.argv[2], sys.argv[2:])"
+)
+
+
+def guarded(argv: list[str]) -> list[str]:
+    """``argv``, wrapped so that the process gets SIGTERM when this one dies (Linux;
+    elsewhere unchanged).
+
+    The request is made in the child by a tiny program that then execs the command,
+    never by a ``preexec_fn``: that runs Python between fork and exec in a copy of a
+    parent that may have threads, where a lock another thread held at fork time
+    stays locked for ever (CPython documents it as unsafe with threads). The kernel
+    signals when the parent *thread* that started the child ends: start guarded
+    children from the event loop's thread.
+    """
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]

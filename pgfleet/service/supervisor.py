@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import logging
-import os
 import signal
-import sys
 import time
 from collections.abc import Callable, Mapping
 
-from pgfleet.service.process import install_uvloop, stopped_early
+from pgfleet.service.process import guarded, install_uvloop, stopped_early
 
 log = logging.getLogger("pgfleet")
 
@@ -28,16 +25,6 @@ RESTART_BASE = 0.5
 RESTART_CAP = 30.0
 #: A child that lived this long resets the restart backoff.
 HEALTHY_AFTER = 30.0
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
-    # Own process group: a Ctrl-C in the terminal reaches the supervisor only, which
-    # forwards it once, instead of every child receiving it twice.
-    os.setpgid(0, 0)
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 #: The command line of child ``index``.
@@ -96,9 +83,12 @@ class Supervisor:
                 return 0
             started = time.monotonic()
             child = await asyncio.create_subprocess_exec(
-                *self.command(index),
-                preexec_fn=_die_with_parent,
+                *guarded(self.command(index)),
                 env=self.env,
+                # Own session (and process group): a Ctrl-C in the terminal reaches
+                # the supervisor only, which forwards it once, instead of every
+                # child getting two. (uvloop has no process_group.)
+                start_new_session=True,
             )
             self.children[index] = child
             log.info("worker process %d started (pid %d)", index, child.pid)

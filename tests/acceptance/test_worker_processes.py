@@ -4,6 +4,8 @@ named queues across processes, graceful shutdown, the supervisor."""
 from __future__ import annotations
 
 import itertools
+import os
+import re
 import signal
 from collections.abc import Awaitable
 from pathlib import Path
@@ -284,3 +286,43 @@ async def test_a_worker_process_started_before_postgres_answers_waits_for_it(
     assert "database unavailable at worker start" in worker.output()
     job = await Queue(pool).get(job_id)
     assert job is not None and job.status is JobStatus.SUCCEEDED
+
+
+async def test_worker_processes_end_when_their_supervisor_is_killed(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    """SIGKILL gives the supervisor no chance to stop its children: the kernel does
+    (die-with-parent), and they shut down cleanly, deregistering."""
+    await runtime_app.ensure_schema(pool)
+    queue = Queue(pool)
+    supervisor = await start_worker(
+        database, tmp_path, "--processes", "2", *LIVENESS, name="supervisor"
+    )
+    async with processes(supervisor):
+
+        async def two_registered() -> bool:
+            return len(await queue.workers()) == 2
+
+        await eventually(two_registered, what="two worker processes to register")
+        pids = [int(p) for p in re.findall(r"started \(pid (\d+)\)", supervisor.output())]
+        assert len(pids) == 2
+        assert await supervisor.stop(signal.SIGKILL) == -signal.SIGKILL
+
+        def alive(pid: int) -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            # A zombie (exited, not yet reaped by init) counts as gone.
+            stat = Path(f"/proc/{pid}/stat")
+            return stat.exists() and stat.read_text().split(") ")[-1][:1] != "Z"
+
+        async def children_gone() -> bool:
+            return not any(alive(pid) for pid in pids)
+
+        await eventually(children_gone, what="the orphaned worker processes to end")
+
+        async def deregistered() -> bool:
+            return await queue.workers() == []
+
+        await eventually(deregistered, what="the worker processes to deregister")

@@ -1,6 +1,7 @@
 """Child processes for development tools: free ports, die-with-parent, stopping.
 
-Die-with-parent: :func:`guarded` wraps a command so that the child asks the kernel
+Die-with-parent: :func:`guarded` (pgfleet's own: the supervisor uses it too) wraps a
+command so that the child asks the kernel
 for SIGTERM when its parent dies (``prctl(PR_SET_PDEATHSIG)``, Linux), then
 ``exec``\\ s the real command in the same process (same pid; the request survives
 ``exec``). The request is made by a tiny Python program *in the child*, not by a
@@ -22,28 +23,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import socket
-import sys
 from pathlib import Path
 
-#: Run in the child before the real command: the death-signal request, the parent
-#: check, then exec. (1 is PR_SET_PDEATHSIG.)
-_DIE_WITH_PARENT = (
-    "import ctypes, os, signal, sys; "
-    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM); "
-    "os.getppid() == int(sys.argv[1]) or sys.exit('parent process gone'); "
-    "os.execvp(sys.argv[2], sys.argv[2:])"
-)
-
-
-def guarded(argv: list[str]) -> list[str]:
-    """``argv``, wrapped so that the process gets SIGTERM when this one dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return list(argv)
-    return [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
+from pgfleet.service.process import guarded as guarded
 
 
 def describe_exit(code: int) -> str:
