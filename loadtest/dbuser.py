@@ -95,7 +95,7 @@ def _shared(environment: Any, settings: Settings) -> _Shared:
     state = getattr(environment, "pgfleet_db", None)
     if state is None:
         state = environment.pgfleet_db = _Shared(settings)
-    return state  # type: ignore[no-any-return]
+    return state
 
 
 class DbEnqueuer(GracefulStop, User):
@@ -163,7 +163,7 @@ class DbEnqueuer(GracefulStop, User):
                 conn.execute(statement.sql, statement.args)
 
 
-@events.test_stop.add_listener
+@events.test_stop.add_listener  # type: ignore[untyped-decorator]  # locust: unannotated
 def _report_notifications(environment: Any, **_kw: Any) -> None:
     state = getattr(environment, "pgfleet_db", None)
     if state is not None and state.notifier.sent:

@@ -184,13 +184,21 @@ class Sampler:
         assert self._conn is not None
         row: dict[str, Any] = {}
         if self._queue:
-            row.update(dict(await self._conn.fetchrow(QUEUE_SAMPLE)))
+            row.update(dict(await one_row(self._conn, QUEUE_SAMPLE)))
         if self._table:
-            row.update(dict(await self._conn.fetchrow(TABLE_SAMPLE)))
+            row.update(dict(await one_row(self._conn, TABLE_SAMPLE)))
         if self._cpu is not None:
             await self._cpu.sample(self._conn)
         if row:
             self.rows.append(row)
+
+
+async def one_row(conn: asyncpg.Connection, query: str, *args: object) -> asyncpg.Record:
+    """The row of a query that always returns one (the samples are aggregates)."""
+    row = await conn.fetchrow(query, *args)
+    if row is None:
+        raise RuntimeError(f"expected one row, got none from: {query.strip().splitlines()[0]}")
+    return row
 
 
 async def db_now(conn: asyncpg.Connection) -> float:
@@ -202,7 +210,7 @@ async def status_counts(conn: asyncpg.Connection, since: float) -> dict[str, int
 
 
 async def pickup_delays(conn: asyncpg.Connection, since: float) -> dict[str, Any]:
-    row = await conn.fetchrow(PICKUP, since)
+    row = await one_row(conn, PICKUP, since)
     p = row["p"] or [None] * 4
     return {
         "jobs": int(row["n"]),
@@ -218,7 +226,7 @@ async def wait_drained(conn: asyncpg.Connection, timeout: float) -> None:
     """Until nothing is queued (due now) or running."""
 
     async def drained() -> bool:
-        row = await conn.fetchrow(QUEUE_SAMPLE)
+        row = await one_row(conn, QUEUE_SAMPLE)
         return bool(row["runnable"] == 0 and row["running"] == 0)
 
     await until(drained, timeout, "the backlog to drain", interval=0.1)

@@ -250,7 +250,7 @@ async def _contention_point(
             host=host,
             options=options,
         )
-    span = await conn.fetchrow(sampling.CREATED_SPAN, t0)
+    span = await sampling.one_row(conn, sampling.CREATED_SPAN, t0)
     return {
         "name": name,
         "csv": f"contention/{name}",
@@ -322,7 +322,7 @@ async def _drain_point(
         wall = time.monotonic() - started
     finally:
         await workers.stop()
-    span = await conn.fetchrow(sampling.DRAIN_SPAN)
+    span = await sampling.one_row(conn, sampling.DRAIN_SPAN)
     done = int(span["n"])
     return {
         "name": name,
@@ -452,7 +452,7 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         # Stopped backends have flushed their statistics: the counters are final.
         conn = await _connect(ctx)
         try:
-            final = dict(await conn.fetchrow(sampling.TABLE_SAMPLE))
+            final = dict(await sampling.one_row(conn, sampling.TABLE_SAMPLE))
             remaining = await sampling.status_counts(conn, point["t0"])
         finally:
             await conn.close()
@@ -472,7 +472,7 @@ async def _soak_measured(
     conn = await _connect(ctx)
     try:
         t0 = await sampling.db_now(conn)
-        before = dict(await conn.fetchrow(sampling.TABLE_SAMPLE))
+        before = dict(await sampling.one_row(conn, sampling.TABLE_SAMPLE))
         async with sampling.Sampler(ctx.dsn, p.sample_interval, table=True) as sampler:
             run = await _locust_http(ctx, name, "soak", url, p.users, p.seconds, options)
         await sampling.wait_drained(conn, DRAIN_TIMEOUT)

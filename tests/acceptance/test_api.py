@@ -109,6 +109,7 @@ async def test_accepted_job_answers_202_location_and_a_queued_record(
         "SELECT name, status::text AS status, payload FROM pgfleet.jobs WHERE id = $1",
         uuid.UUID(job_id),
     )
+    assert row is not None
     assert (row["name"], row["status"], row["payload"]) == ("record", "queued", '{"to": "a@b.c"}')
     record = await call(http, "GET", api.url + reply.headers["Location"])
     assert record.status == 200

@@ -111,6 +111,7 @@ async def test_three_processes_enqueue_exactly_one_job_per_slot(
         assert all(t.microsecond == 0 and t.timestamp() % 1 == 0 for t in run_at)
         assert "failed" not in {r["status"] for r in rows}
         row = await pool.fetchrow("SELECT * FROM pgfleet.crons WHERE id = 'every-second'")
+        assert row is not None
         assert row["last_occurrence"] == run_at[-1]
         # Each job was logged as enqueued by exactly one process.
         enqueued = [len(re.findall(r"cron every-second: enqueued job", text)) for text in texts]

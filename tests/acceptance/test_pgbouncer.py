@@ -212,6 +212,7 @@ async def test_fleet_through_pgbouncer(
         dead = await direct.fetchrow(
             "SELECT status::text, last_error FROM pgfleet.jobs WHERE id = $1", ids["kill"][0]
         )
+        assert dead is not None
         assert dead["status"] == "failed"
         assert "stopped heartbeating" in dead["last_error"]
 

@@ -16,12 +16,15 @@ from contextlib import asynccontextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import yaml
 
 from tests.fleet.support import REFERENCE_JOB_NAMES, RULES, Prometheus, binary
+
+if TYPE_CHECKING:
+    from pgfleet.db.types import Pool
 
 
 class _FakeConnection:
@@ -37,7 +40,8 @@ class _FakeConnection:
 
 
 class _FakePool:
-    """Just enough of an asyncpg pool for QueueStats.refresh()."""
+    """Just enough of an asyncpg pool for QueueStats.refresh(): not a whole
+    :class:`pgfleet.db.types.Pool`, so it is cast to one where handed over."""
 
     def __init__(self, worker: StandInWorker) -> None:
         self.worker = worker
@@ -64,7 +68,7 @@ class StandInWorker:
         self.events = WorkerMetrics(self.metrics, lambda: 5, concurrency=16)
         self.events.prime(REFERENCE_JOB_NAMES)
         self.events.leader_changed(True)
-        self.stats = QueueStats(_FakePool(self), REFERENCE_JOB_NAMES)
+        self.stats = QueueStats(cast("Pool", _FakePool(self)), REFERENCE_JOB_NAMES)
         self.registry.register(self.stats)
         self.ticks = 0
         self.lock = threading.Lock()

@@ -85,7 +85,7 @@ async def query(prom: Prometheus, expr: str) -> list[dict[str, Any]]:
 
 async def series(prom: Prometheus, expr: str, what: str) -> list[dict[str, Any]]:
     """The query's series, once there are any (the fleet has to work first)."""
-    return await eventually(lambda: query(prom, expr), DEADLINE, f"series of {what}")  # type: ignore[no-any-return]
+    return await eventually(lambda: query(prom, expr), DEADLINE, f"series of {what}")
 
 
 async def backlog_alerts(prom: Prometheus) -> list[dict[str, Any]]:

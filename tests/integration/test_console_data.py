@@ -146,7 +146,8 @@ async def test_bulk_retry_skips_jobs_whose_key_is_taken_and_counts_both(pool: as
     data = ConsoleData(pool, queue)
     assert await data.dead_count("email") == 4
     assert await data.retry_dead("email") == (3, 1)
-    statuses = dict(await pool.fetch("SELECT id, status::text FROM pgfleet.jobs"))
+    rows = await pool.fetch("SELECT id, status::text FROM pgfleet.jobs")
+    statuses = {row["id"]: row["status"] for row in rows}
     assert [statuses[j] for j in dead] == ["queued"] * 3
     assert statuses[keyed] == "failed" and statuses[holder] == "queued"
     assert statuses[other_kind] == "failed"

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import random
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 import pytest
@@ -28,6 +28,7 @@ from pgfleet import (
     WorkerConfig,
 )
 from pgfleet._runtime.cron_runner import CronService, Outcome
+from pgfleet.db.bounded import AppPool
 from pgfleet.occurrences import latest_occurrence, next_occurrence
 from tests.apps import runtime_app
 from tests.integration.conftest import Recorder, running_worker
@@ -331,7 +332,8 @@ async def test_enqueues_log_at_info_and_lost_races_at_debug(
 
 def _check(crons: list[Any]) -> str:
     with pytest.raises(InvalidOptions) as info:
-        Worker(None, runtime_app.registry, WorkerConfig(), crons=crons)
+        # No pool: the cron list is refused while the worker is built, before any query.
+        Worker(cast(AppPool, None), runtime_app.registry, WorkerConfig(), crons=crons)
     return str(info.value)
 
 

@@ -253,6 +253,7 @@ async def test_no_mode_modifies_a_running_job(pool: asyncpg.Pool, mode: JobKeyMo
     )
     after = await pool.fetchrow("SELECT * FROM pgfleet.jobs WHERE id = $1", job_id)
     assert again == job_id
+    assert after is not None and before is not None
     assert dict(after) == dict(before)  # payload, run_at, lock: all untouched
     assert await job_count(pool) == 1  # and no follow-up job was created
 

@@ -62,6 +62,7 @@ async def test_operation_in_state(pool: asyncpg.Pool, operation: str, state: str
         assert info.value.status == state
         assert f"cannot {operation} job {job_id}: it is {state}" in str(info.value)
         after = await pool.fetchrow("SELECT * FROM pgfleet.jobs WHERE id = $1", job_id)
+        assert after is not None and before is not None
         assert dict(after) == dict(before), "a refused operation must change nothing"
 
 
@@ -244,6 +245,7 @@ async def test_force_unlock_worker_requeues_and_buries_and_deregisters(pool: asy
     assert e.status is JobStatus.FAILED
     assert e.finished_at is not None
     after_other = await pool.fetchrow("SELECT * FROM pgfleet.jobs WHERE id = $1", untouched)
+    assert after_other is not None and before_other is not None
     assert dict(after_other) == dict(before_other)
     assert [w.id for w in await queue.workers()] == [other]
     # A second call finds nothing to do.

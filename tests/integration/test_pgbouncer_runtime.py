@@ -52,6 +52,7 @@ async def _planner_settings(dsn: str) -> tuple[str, str]:
             "SELECT current_setting('enable_seqscan') AS s, "
             "current_setting('enable_bitmapscan') AS b"
         )
+        assert row is not None
         return row["s"], row["b"]
     finally:
         await pool.close()

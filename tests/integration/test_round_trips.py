@@ -5,19 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 
 from pgfleet import EnqueueRequest, Queue, Registry, Worker, WorkerConfig
 from pgfleet.db import Q
+from pgfleet.db.bounded import AppPool
 from pgfleet.queue import create_pool
 from tests.helpers import job_count, listening, notifications_before_marker
 
 
 class CountingPool:
     """An asyncpg pool seen through the two calls Queue.enqueue makes on it, counting
-    the statements sent and how many notifying ones were in flight at once."""
+    the statements sent and how many notifying ones were in flight at once. Not a
+    whole pool: :meth:`as_app_pool` hands it to Queue, which needs no more."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
@@ -42,12 +44,15 @@ class CountingPool:
     def acquire(self) -> Any:
         return self.pool.acquire()
 
+    def as_app_pool(self) -> AppPool:
+        return cast(AppPool, self)
+
 
 async def test_a_lone_enqueue_is_one_statement_that_carries_its_wakeup(
     pool: asyncpg.Pool, database: str
 ) -> None:
     counting = CountingPool(pool)
-    queue = Queue(counting)  # default: NotifyMode.COALESCED
+    queue = Queue(counting.as_app_pool())  # default: NotifyMode.COALESCED
     async with listening(database) as listener:
         for _ in range(3):
             await queue.enqueue("lone", {"n": 1})
@@ -64,7 +69,7 @@ async def test_concurrent_enqueues_keep_one_notifying_statement_in_flight(
     pool: asyncpg.Pool, database: str
 ) -> None:
     counting = CountingPool(pool)
-    queue = Queue(counting)
+    queue = Queue(counting.as_app_pool())
     async with listening(database) as listener:
         await asyncio.gather(*(queue.enqueue("burst", {"n": i}) for i in range(64)))
         await queue.flush_notifications()
@@ -99,6 +104,7 @@ async def _claim_plan(conn: asyncpg.Connection) -> dict[str, Any]:
     counts = await conn.fetchrow(
         "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'claim'"
     )
+    assert counts is not None
     await conn.execute("DEALLOCATE claim")
     await conn.execute(Q.claim_session_end.sql)
     plan: dict[str, Any] = json.loads(raw)[0]

@@ -4,15 +4,18 @@ what Queue would have, and a worker runs it."""
 
 from __future__ import annotations
 
+import uuid
+
 import asyncpg
 import pytest
 
 from pgfleet import EnqueueOptions, EnqueueRequest, InvalidName, InvalidOptions, Queue
+from pgfleet.db.types import Connection
 from pgfleet.sql import enqueue_statements, wakeup
 from tests.helpers import listening, notifications_before_marker
 
 
-async def _run(conn: asyncpg.Connection, requests: list[EnqueueRequest], notify: bool) -> list:
+async def _run(conn: Connection, requests: list[EnqueueRequest], notify: bool) -> list[uuid.UUID]:
     plan = enqueue_statements(requests, notify=notify)
     async with conn.transaction():
         for statement in plan.statements:

@@ -134,6 +134,7 @@ async def test_retry_delays_grow_as_configured(pool: asyncpg.Pool) -> None:
             "extract(epoch FROM run_at - started_at) AS delay FROM pgfleet.jobs WHERE id = $1",
             job_id,
         )
+        assert row is not None
         assert row["status"] == "queued" and row["attempt"] == attempt
         assert row["last_error"] == f"RuntimeError: transient failure on attempt {attempt}"
         delays.append(float(row["delay"]))

@@ -75,7 +75,8 @@ async def test_a_crashed_claim_loop_still_drains_running_handlers(pool: asyncpg.
     worker = Worker(pool, runtime_app.registry, WorkerConfig(concurrency=4, **FAST), events=events)
     with pytest.raises(RuntimeError, match="a bug in the claim loop"):
         await worker.run()
-    counts = dict(await pool.fetch("SELECT status::text, count(*) FROM pgfleet.jobs GROUP BY 1"))
+    rows = await pool.fetch("SELECT status::text, count(*) AS n FROM pgfleet.jobs GROUP BY 1")
+    counts = {row["status"]: row["n"] for row in rows}
     assert counts == {"succeeded": 4}  # the handlers finished and their outcomes were written
     assert await queue.workers() == []
 
@@ -140,6 +141,7 @@ async def test_the_claim_connection_goes_back_to_the_pool_with_default_settings(
                     "SELECT current_setting('enable_seqscan') AS seqscan, "
                     "current_setting('enable_bitmapscan') AS bitmapscan"
                 )
+                assert settings is not None
                 assert dict(settings) == {"seqscan": "on", "bitmapscan": "on"}
         finally:
             for conn in held:

@@ -20,6 +20,7 @@ import asyncpg
 import pytest
 
 from pgfleet import EnqueueOptions, Queue
+from pgfleet.db.types import Connection
 from tests.helpers import put_in_state
 from tests.kubernetes.support import find, render, trigger
 
@@ -36,7 +37,7 @@ def queries() -> dict[str, str]:
     }
 
 
-async def run(conn: asyncpg.Connection, query: str) -> tuple[datetime, Any]:
+async def run(conn: Connection, query: str) -> tuple[datetime, Any]:
     """The query's single value, and the transaction's now() it was computed at."""
     async with conn.transaction():
         now = await conn.fetchval("SELECT now()")
@@ -139,7 +140,7 @@ def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     return nodes
 
 
-async def _fill_history(conn: asyncpg.Connection) -> None:
+async def _fill_history(conn: Connection) -> None:
     # Time-ordered ids, as the UUIDv7 producers generate; a day of history.
     await conn.execute(
         """
@@ -171,7 +172,7 @@ async def test_trigger_queries_read_only_live_rows_of_a_million_finished(
         )
         report = []
         for name, query in q.items():
-            (raw,) = await conn.fetchrow(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}")
+            raw = await conn.fetchval(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {query}")
             doc = json.loads(raw)[0] if isinstance(raw, str) else raw[0]
             plan = doc["Plan"]
             nodes = _plan_nodes(plan)
@@ -191,7 +192,7 @@ async def test_trigger_queries_read_only_live_rows_of_a_million_finished(
             async with conn.transaction():
                 for setting in ("enable_indexscan", "enable_indexonlyscan", "enable_bitmapscan"):
                     await conn.execute(f"SET LOCAL {setting} = off")
-                (raw,) = await conn.fetchrow(f"EXPLAIN (FORMAT JSON) {query}")
+                raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {query}")
             full = (json.loads(raw)[0] if isinstance(raw, str) else raw[0])["Plan"]["Total Cost"]
             assert plan["Total Cost"] * 20 < full, (name, plan["Total Cost"], full)
             text = "\n".join(

@@ -15,7 +15,7 @@ import calendar
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -35,6 +35,7 @@ from pgfleet import (
     WorkerConfig,
 )
 from pgfleet._runtime.cron_runner import CronService
+from pgfleet.db.bounded import AppPool
 from pgfleet.occurrences import (
     due_occurrence,
     latest_occurrence,
@@ -463,7 +464,8 @@ async def needs_dict(job: Job, payload: dict[str, int]) -> None:
 
 
 def service(crons: list[Any], **config: Any) -> CronService:
-    return CronService(None, registry, crons, WorkerConfig(**config))
+    # No pool: these tests only build and plan the service, never touch the database.
+    return CronService(cast(AppPool, None), registry, crons, WorkerConfig(**config))
 
 
 def test_service_refuses_duplicate_ids() -> None:

@@ -15,7 +15,7 @@ T = TypeVar("T")
 
 
 async def until(
-    check: Callable[[], Awaitable[T]],
+    check: Callable[[], Awaitable[T | None]],
     timeout: float = 60.0,
     what: str = "condition",
     *,
