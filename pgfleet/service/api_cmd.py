@@ -15,9 +15,10 @@ import argparse
 import asyncio
 import contextlib
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, BoundedPool
+from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, AppPool, BoundedPool
+from pgfleet.db.pool import Pool
 from pgfleet.errors import PgfleetError
 from pgfleet.queue import NotifyMode, Queue, create_pool
 from pgfleet.service import console_flags
@@ -32,6 +33,9 @@ from pgfleet.service.process import (
     env_flag,
     install_uvloop,
 )
+
+if TYPE_CHECKING:
+    from pgfleet.service.api import ApiConfig
 
 log = logging.getLogger("pgfleet")
 
@@ -202,7 +206,7 @@ def _check(args: argparse.Namespace) -> None:
         raise fail("--strict needs --app module:registry (the job names to accept)")
 
 
-def build_config(args: argparse.Namespace) -> Any:
+def build_config(args: argparse.Namespace) -> ApiConfig:
     from pgfleet.service.api import ApiConfig  # lazy: optional extra (aiohttp)
 
     known = None
@@ -226,7 +230,7 @@ def build_config(args: argparse.Namespace) -> Any:
     )
 
 
-def make_queue(pool: Any, args: argparse.Namespace, config: Any) -> Any:
+def make_queue(pool: AppPool, args: argparse.Namespace, config: ApiConfig) -> Queue:
     """The API's Queue: its limits and the ``--notify`` mode."""
     return Queue(
         BoundedPool(pool, args.database_timeout),
@@ -236,7 +240,7 @@ def make_queue(pool: Any, args: argparse.Namespace, config: Any) -> Any:
     )
 
 
-async def serve(args: argparse.Namespace, config: Any) -> int:
+async def serve(args: argparse.Namespace, config: ApiConfig) -> int:
     """Run the API until signalled and drained. Returns the exit code."""
     # lazy: optional dependencies (prometheus_client and aiohttp, the service extra)
     from prometheus_client import CollectorRegistry
@@ -298,7 +302,7 @@ async def serve(args: argparse.Namespace, config: Any) -> int:
     return 0
 
 
-async def _close(pool: Any) -> None:
+async def _close(pool: Pool) -> None:
     try:
         await asyncio.wait_for(pool.close(), STOP_GRACE)
     except Exception:  # TimeoutError included

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from pgfleet.config import WorkerConfig
-from pgfleet.db.bounded import BoundedPool, close_pool
+from pgfleet.db.bounded import AppPool, BoundedPool, close_pool
 from pgfleet.db.pooler import connection_budget
 from pgfleet.errors import PgfleetError
 from pgfleet.queue import create_pool
@@ -37,9 +37,7 @@ from pgfleet.service.process import (
     configure_logging,
     env_default,
     exit_despite_stuck_threads,
-)
-from pgfleet.service.process import (  # re-exported for pgfleet/bench.py until it moves
-    install_uvloop as install_uvloop,
+    install_uvloop,
 )
 from pgfleet.service.supervisor import supervise
 from pgfleet.worker import Worker
@@ -150,7 +148,11 @@ def pool_size_of(args: argparse.Namespace, config: WorkerConfig) -> int:
 
 
 def _metrics(
-    args: argparse.Namespace, worker: Worker, pool: Any, registry: Registry, config: WorkerConfig
+    args: argparse.Namespace,
+    worker: Worker,
+    pool: AppPool,
+    registry: Registry,
+    config: WorkerConfig,
 ) -> Any:
     # lazy: optional dependencies (prometheus_client and aiohttp, the service extra)
     from prometheus_client import CollectorRegistry

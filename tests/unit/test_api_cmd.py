@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from pgfleet import NotifyMode
 from pgfleet.cli import build_parser
+from pgfleet.db.bounded import AppPool
 from pgfleet.service import api_cmd
 
 DSN = "postgresql://app@db:5432/app"
@@ -14,7 +17,8 @@ DSN = "postgresql://app@db:5432/app"
 def _queue_for(*flags: str) -> object:
     args = build_parser().parse_args(["api", "--dsn", DSN, *flags])
     api_cmd._check(args)
-    return api_cmd.make_queue(None, args, api_cmd.build_config(args))
+    # No database is reached: the queue is only inspected.
+    return api_cmd.make_queue(cast(AppPool, None), args, api_cmd.build_config(args))
 
 
 def test_the_api_coalesces_notifications_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
