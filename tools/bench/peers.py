@@ -309,28 +309,6 @@ async def _pgqueuer_latency_child(dsn: str) -> None:
     await conn.close()
 
 
-async def _paced(enqueue: Callable[[], Awaitable[str]], seconds: float) -> dict[str, float]:
-    committed: dict[str, float] = {}
-    interval = PRODUCERS / RATE
-    begin = time.perf_counter() + 0.05
-
-    async def producer(offset: float) -> None:
-        n = 0
-        while True:
-            due = begin + offset + n * interval
-            if due - begin > seconds:
-                return
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            job_id = await enqueue()
-            committed[job_id] = time.time()
-            n += 1
-
-    await asyncio.gather(*(producer(i * interval / PRODUCERS) for i in range(PRODUCERS)))
-    return committed
-
-
 async def _latency(
     dsn: str, child_args: list[str], enqueue: Callable[[], Awaitable[str]], seconds: float
 ) -> list[float]:
@@ -352,7 +330,7 @@ async def _latency(
             started[job_id] = float(at)
 
     reader = asyncio.get_running_loop().create_task(read(child.stdout))
-    expected = await _paced(enqueue, seconds)
+    expected = await fb.paced_producers(enqueue, PRODUCERS, RATE, seconds)
     deadline = time.monotonic() + 30
     while len(started.keys() & expected.keys()) < len(expected) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)

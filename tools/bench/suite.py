@@ -708,7 +708,11 @@ async def _latency_run(
                 all_seen.set()
 
     reader = asyncio.get_running_loop().create_task(read_starts(child.stdout))
-    expected.update(await _paced_producers(Queue(pool), producers, rate, seconds))
+    queue = Queue(pool)
+    expected.update(
+        await paced_producers(lambda: queue.enqueue("noop", None), producers, rate, seconds)
+    )
+    await queue.flush_notifications()
     if len(started) < len(expected):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(all_seen.wait(), 30)
@@ -722,11 +726,11 @@ async def _latency_run(
     return sorted((started[job_id] - t) * 1000 for job_id, t in expected.items())
 
 
-async def _paced_producers(
-    queue: Queue, producers: int, rate: int, seconds: float
+async def paced_producers(
+    enqueue: Callable[[], Awaitable[object]], producers: int, rate: int, seconds: float
 ) -> dict[str, float]:
-    """Each producer enqueues at rate/producers per second on a fixed schedule and
-    notes the wall clock right after the commit."""
+    """``producers`` coroutines each call ``enqueue`` at rate/producers per second on a
+    fixed schedule, noting the wall clock right after each commit, by job id."""
     committed: dict[str, float] = {}
     interval = producers / rate
     begin = time.perf_counter() + 0.05
@@ -740,12 +744,11 @@ async def _paced_producers(
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-            job_id = await queue.enqueue("noop", None)
+            job_id = await enqueue()
             committed[str(job_id)] = time.time()
             n += 1
 
     await asyncio.gather(*(producer(i * interval / producers) for i in range(producers)))
-    await queue.flush_notifications()
     return committed
 
 
