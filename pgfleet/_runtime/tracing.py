@@ -41,12 +41,6 @@ def current_tracer() -> Any:
     return _tracer()
 
 
-def job_span(job: Job) -> AbstractContextManager[Any]:
-    """A span for ``job`` when a tracer provider is installed, else NO_SPAN."""
-    tracer = _tracer()
-    return NO_SPAN if tracer is None else span(tracer, job)
-
-
 @contextlib.contextmanager
 def span(tracer: Any, job: Job) -> Iterator[Any]:
     """A span named ``pgfleet.job <name>`` with the job's name, id and attempt.
