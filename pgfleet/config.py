@@ -47,6 +47,17 @@ class WorkerConfig:
     concurrency: int = 16
     #: How often an idle claim loop polls, whatever notifications do.
     poll_interval: float | timedelta = 2.0
+    #: Most jobs a worker claims ahead of its free slots, held in memory and
+    #: started as slots free up: fewer, larger claim rounds, and the next jobs
+    #: already at hand when a handler finishes. It holds only what its slots
+    #: should start within ``prefetch_window`` at the handlers' recent pace, none
+    #: before a handler has finished, and hands back (unstarted, attempt not
+    #: counted) any held job still waiting after a second. 0 turns it off:
+    #: strict priority order at the cost of a claim round per slot.
+    prefetch: int = 64
+    #: How much work, in seconds of the handlers' recent mean duration per slot,
+    #: the jobs held ahead may stand for.
+    prefetch_window: float | timedelta = 0.05
     #: Job names this worker serves (default: every name in the registry).
     job_names: Collection[str] | None = None
     #: Named queues this worker serves (default: all jobs, named or not).
@@ -112,6 +123,7 @@ class WorkerConfig:
             "completion_flush_timeout",
             "vacuum_interval",
             "database_timeout",
+            "prefetch_window",
         ):
             object.__setattr__(self, name, _seconds(getattr(self, name), name))
         if self.listen_dsn is not None and (
@@ -139,6 +151,9 @@ class WorkerConfig:
             raise InvalidOptions(
                 f"vacuum_min_dead_tuples must be a non-negative integer, got {v!r}"
             )
+        p = self.prefetch
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p <= 100_000:
+            raise InvalidOptions(f"prefetch must be an integer from 0 to 100000, got {p!r}")
         b = self.prune_batch_size
         if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 100_000:
             raise InvalidOptions(f"prune_batch_size must be from 1 to 100000, got {b!r}")
@@ -267,6 +282,19 @@ WORKER_OPTIONS: tuple[ConfigOption, ...] = (
         "CONCURRENCY",
         "handlers running at once per process",
         kind="int",
+    ),
+    ConfigOption(
+        "prefetch",
+        "--prefetch",
+        "PREFETCH",
+        "most jobs claimed ahead of free slots (0: off)",
+        kind="int",
+    ),
+    ConfigOption(
+        "prefetch_window",
+        "--prefetch-window",
+        "PREFETCH_WINDOW",
+        "seconds of handler work per slot the jobs claimed ahead may stand for",
     ),
     ConfigOption(
         "job_names",

@@ -138,6 +138,8 @@ class Worker:
             backoff_jitter=cfg.backoff_jitter,
             events=self._events,
             on_outcome=self._on_outcome,
+            prefetch=cfg.prefetch,
+            prefetch_window=cfg.seconds("prefetch_window"),
         )
         self._claims = ClaimLoop(
             self.id,
@@ -386,6 +388,7 @@ class Worker:
         """Stop claiming, give running handlers ``grace`` seconds, cancel the rest
         (their jobs are requeued), and write every outcome."""
         self._claims.stopping = True
+        self._claims.release_held()
         if self._state is not None and not self._state.shutting_down.is_set():
             self._state.shutting_down.set()
             self._state.shutdown_future.set_result(None)

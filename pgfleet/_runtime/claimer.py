@@ -9,6 +9,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 from pgfleet._runtime.execution import JobRunner
@@ -22,6 +23,14 @@ from pgfleet.jobs import Job
 from pgfleet.payloads import storable_text
 
 log = logging.getLogger("pgfleet")
+
+#: Seconds a job claimed ahead (prefetch) may wait for a free slot before it is
+#: handed back, unstarted, for any worker to take.
+PREFETCH_HOLD = 1.0
+
+
+def _claim_order(job: Job) -> tuple[int, datetime, uuid.UUID]:
+    return (job.priority, job.run_at, job.id)
 
 
 class ClaimLoop:
@@ -44,6 +53,7 @@ class ClaimLoop:
         queue_names: Sequence[str] | None,
         poll_interval: float,
         timeout: float,
+        hold: float = PREFETCH_HOLD,
         pooled: bool,
         events: WorkerEvents,
         stats: RunStats,
@@ -56,6 +66,10 @@ class ClaimLoop:
         self._queue_names = None if queue_names is None else list(queue_names)
         self._poll = poll_interval
         self._timeout = timeout
+        self._hold = hold
+        #: A handler finished since the last round (a slot came free): the
+        #: round may top up the jobs held ahead.
+        self._finished = False
         self._pooled = pooled
         self.events = events
         self.stats = stats
@@ -84,7 +98,19 @@ class ClaimLoop:
     def add_outcome(self, outcome: Outcome) -> None:
         """A handler finished: its outcome goes with the next round."""
         self.outcomes.append(outcome)
+        self._finished = True
         self.wake("completion")
+
+    def release_held(self) -> None:
+        """Hand back every job claimed ahead (the drain: they never start)."""
+        self._release_held(None)
+
+    def _release_held(self, claimed_before: float | None) -> None:
+        jobs = self._executor.take_held(claimed_before)
+        if jobs:
+            if claimed_before is not None:
+                log.info("handing back %d jobs held %gs without a free slot", len(jobs), self._hold)
+            self.outcomes.extend(Outcome.released(job) for job in jobs)
 
     def health(self) -> str | None:
         """None while the loop reaches the database, else why it does not."""
@@ -117,13 +143,15 @@ class ClaimLoop:
         executor = self._executor
         try:
             while True:
+                if executor.held:
+                    self._release_held(time.monotonic() - self._hold)
                 if self.stopping and not executor.running and not self.outcomes:
                     return
-                free = 0 if self.stopping else executor.free
-                if not self.outcomes:
+                free, start = (0, 0) if self.stopping else executor.wanted(self._finished)
+                if not self.outcomes and not executor.unmarked:
                     if free == 0:
                         self._wake_event.clear()
-                        await self._wait(None)
+                        await self._wait(executor.held_wait(self._hold))
                         continue
                     if idle:
                         await self._wait(self._poll)
@@ -131,6 +159,8 @@ class ClaimLoop:
                         continue
                 self._wake_event.clear()
                 batch, self.outcomes = self.outcomes, []
+                self._finished = False
+                started = executor.take_started()
                 self._round_started = time.monotonic()
                 try:
                     if held is not None and held.closed():
@@ -145,12 +175,14 @@ class ClaimLoop:
                             reached = True
                             if self._failures:
                                 await self._release_unknown(Store(held.conn), batch)
-                        rows = await self._claim(Store(held.conn), batch, free)
+                        rows = await self._claim(Store(held.conn), batch, free, start, started)
                 except TimeoutError:
+                    executor.restore_started(started)
                     await self._round_failed(batch, held, None, reached=False)
                     held = None
                     continue
                 except Exception as exc:
+                    executor.restore_started(started)
                     if held is not None and not held.closed() and not is_connection_error(exc):
                         # The database answered, and refused: not an outage.
                         self._round_started = None
@@ -177,7 +209,13 @@ class ClaimLoop:
                     self._failing_since = None
                 claimed = self._settle(batch, rows)
                 idle = claimed < free
-                if self.burst and idle and not executor.running and not self.outcomes:
+                if (
+                    self.burst
+                    and idle
+                    and not executor.running
+                    and not executor.held
+                    and not self.outcomes
+                ):
                     self.stopping = True
                     return
         finally:
@@ -199,15 +237,17 @@ class ClaimLoop:
             elif held is not None:
                 held.drop()
 
-    async def _claim(self, store: Store, batch: list[Outcome], free: int) -> list[Record]:
+    async def _claim(
+        self, store: Store, batch: list[Outcome], free: int, start: int, started: list[uuid.UUID]
+    ) -> list[Record]:
         """One claim round's statement. Behind a transaction-mode pooler it runs in a
         transaction of its own that carries the planner settings (SET LOCAL); a
         direct connection has them on its session (claim_session_begin)."""
         if not self._pooled:
-            return await self._complete_and_claim(store, batch, free)
+            return await self._complete_and_claim(store, batch, free, start, started)
         await store.claim_transaction_begin()
         try:
-            rows = await self._complete_and_claim(store, batch, free)
+            rows = await self._complete_and_claim(store, batch, free, start, started)
             await store.claim_transaction_commit()
         except Exception:
             conn = store.connection
@@ -218,18 +258,27 @@ class ClaimLoop:
         return rows
 
     async def _complete_and_claim(
-        self, store: Store, batch: list[Outcome], free: int
+        self,
+        store: Store,
+        batch: list[Outcome],
+        free: int,
+        start: int = 0,
+        started: Sequence[uuid.UUID] = (),
     ) -> list[Record]:
+        now = time.perf_counter()
         return await store.job_complete_and_claim(
             ids=[o.job.id for o in batch],
             tokens=[o.job.lock_token for o in batch],
             actions=[o.action for o in batch],
             delays=[o.delay for o in batch],
             errors=[o.error for o in batch],
+            ran=[None if o.started is None else now - o.started for o in batch],
             worker_id=self.worker_id,
             job_names=self._names,
             queue_names=self._queue_names,
             limit=free,
+            start=start,
+            started=started,
         )
 
     async def _round_failed(
@@ -321,6 +370,7 @@ class ClaimLoop:
     async def _release_unknown(self, store: Store, batch: list[Outcome]) -> None:
         known = (
             list(self._executor.running)
+            + self._executor.held_ids()
             + [o.job.id for o in batch]
             + [o.job.id for o in self.outcomes]
         )
@@ -338,9 +388,10 @@ class ClaimLoop:
         """Report the round's written outcomes and start the jobs it claimed."""
         applied: set[uuid.UUID] = set()
         jobs: list[Job] = []
+        ahead: list[Job] = []
         for row in rows:
             if row["claimed"]:
-                jobs.append(claimed_job(row, self.worker_id))
+                (ahead if row["held"] else jobs).append(claimed_job(row, self.worker_id))
             else:
                 applied.add(row["id"])
         stats, events = self.stats, self.events
@@ -350,7 +401,10 @@ class ClaimLoop:
             # that first carried it, which committed before its connection dropped.
             if job.id in applied or o.resent:
                 stats.count(job.name, o.label)
-                events.job_finished(job, o.label, o.duration)
+                if o.label != "released":  # never started: nothing finished
+                    events.job_finished(job, o.label, o.duration)
+            elif o.label == "released":
+                stats.count(job.name, "cancelled")
             else:
                 log.warning(
                     "job %s (%s) was taken away while running (recovered, or completed or "
@@ -361,13 +415,17 @@ class ClaimLoop:
                 )
                 stats.count(job.name, "cancelled")
                 events.job_finished(job, "cancelled", o.duration)
-        if jobs:
-            stats.claimed += len(jobs)
-            events.jobs_claimed(len(jobs))
+        claimed = len(jobs) + len(ahead)
+        if claimed:
+            stats.claimed += claimed
+            events.jobs_claimed(claimed)
             if self.stopping:
                 # Claimed by a round that was in flight when the drain began: hand
                 # them straight back, their attempts not counted, instead of starting.
                 self.outcomes.extend(Outcome.aborted(job) for job in jobs)
+                self.outcomes.extend(Outcome.released(job) for job in ahead)
             else:
-                self._executor.launch(jobs)
-        return len(jobs)
+                if len(ahead) > 1:  # the update returns them in no particular order
+                    ahead.sort(key=_claim_order)
+                self._executor.launch(jobs, ahead)
+        return claimed

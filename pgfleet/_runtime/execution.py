@@ -5,13 +5,14 @@ in exactly one Outcome handed to ``on_outcome``."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextvars
 import functools
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from pgfleet import context
@@ -70,9 +71,25 @@ class JobRunner:
         backoff_jitter: float,
         events: WorkerEvents,
         on_outcome: Callable[[Outcome], None],
+        prefetch: int = 0,
+        prefetch_window: float = 0.0,
     ) -> None:
         self._registry = registry
         self._concurrency = concurrency
+        self._prefetch = prefetch
+        self._window = prefetch_window
+        #: Jobs claimed ahead of a free slot, oldest first, with when each was
+        #: claimed (time.monotonic()); started as slots free up.
+        self._held: collections.deque[tuple[Job, float]] = collections.deque()
+        #: When each job started from ``_held`` was claimed: its pickup delay
+        #: includes the wait.
+        self._held_since: dict[uuid.UUID, float] = {}
+        self._refill_pending = False
+        #: Held jobs started since the last claim round took them (take_started).
+        self._unmarked: set[uuid.UUID] = set()
+        #: Moving average of handler durations (None until one finishes): how
+        #: much work a held job stands for.
+        self._mean_duration: float | None = None
         self._default_timeout = default_timeout
         self._backoff = (backoff_base, backoff_cap, backoff_jitter)
         self.events = events
@@ -86,8 +103,110 @@ class JobRunner:
     def free(self) -> int:
         return self._concurrency - len(self.running)
 
-    def launch(self, jobs: Iterable[Job]) -> None:
-        """Start a task for each job (the claim only takes names we serve)."""
+    @property
+    def held(self) -> int:
+        """Jobs claimed ahead, waiting for a slot."""
+        return len(self._held)
+
+    def held_ids(self) -> list[uuid.UUID]:
+        return [job.id for job, _ in self._held]
+
+    def ahead(self) -> int:
+        """How many jobs to hold beyond the slots: at most ``prefetch``, and only
+        as many as the slots should start within ``prefetch_window`` at the
+        handlers' recent pace. Nothing before the first handler has finished."""
+        mean = self._mean_duration
+        if not self._prefetch or mean is None:
+            return 0
+        if mean <= 0:
+            return self._prefetch
+        return min(self._prefetch, int(self._window * self._concurrency / mean))
+
+    def wanted(self, refill: bool) -> tuple[int, int]:
+        """How many jobs the next claim round should take, and how many of them
+        start at once: one per slot that nothing fills, plus enough to bring the
+        jobs held ahead back to ``ahead()``, topped up only once they are half
+        gone and ``refill`` (a slot just came free: handlers finish), so that
+        slots busy with long handlers never collect a backlog of held jobs."""
+        idle = self._concurrency - len(self.running) - len(self._held)
+        ahead = self.ahead()
+        if idle > 0:
+            return idle + ahead, idle
+        if refill and -idle <= ahead // 2:
+            return ahead + idle, 0
+        return 0, 0
+
+    def take_held(self, claimed_before: float | None = None) -> list[Job]:
+        """Give up the held jobs (all, or those claimed before ``claimed_before``,
+        ``time.monotonic()``) so that they can be handed back unstarted."""
+        held = self._held
+        taken: list[Job] = []
+        while held and (claimed_before is None or held[0][1] < claimed_before):
+            taken.append(held.popleft()[0])
+        return taken
+
+    def held_wait(self, hold: float) -> float | None:
+        """Seconds until the oldest held job has waited ``hold`` seconds."""
+        if not self._held:
+            return None
+        return max(0.0, self._held[0][1] + hold - time.monotonic())
+
+    def launch(self, jobs: Sequence[Job], ahead: Sequence[Job] = ()) -> None:
+        """Start a task for each job (the claim only takes names we serve): first
+        ``jobs``, claimed to start now, then ``ahead``, claimed to be held; what
+        finds no free slot is held until slots free up."""
+        free = max(self.free, 0)
+        if len(jobs) > free:  # only if the claim raced a refill: rare
+            self._hold(jobs[free:])
+            jobs = jobs[:free]
+        free -= len(jobs)
+        if ahead:
+            if free:
+                now = ahead[:free]
+                self._unmarked.update(job.id for job in now)
+                jobs = [*jobs, *now]
+                ahead = ahead[free:]
+            self._hold(ahead)
+        if jobs:
+            self._start(jobs)
+
+    def _hold(self, jobs: Iterable[Job]) -> None:
+        now = time.monotonic()
+        self._held.extend((job, now) for job in jobs)
+
+    @property
+    def unmarked(self) -> bool:
+        """Held jobs have started that no round has marked started yet."""
+        return bool(self._unmarked)
+
+    def take_started(self) -> list[uuid.UUID]:
+        """The held jobs started since the last call, still running: the next
+        round marks them started, so that a rescue counts their attempt."""
+        if not self._unmarked:
+            return []
+        started = list(self._unmarked)
+        self._unmarked.clear()
+        return started
+
+    def restore_started(self, started: Iterable[uuid.UUID]) -> None:
+        """The round that carried them failed: mark them with the next one."""
+        running = self.running
+        self._unmarked.update(i for i in started if i in running)
+
+    def _refill(self) -> None:
+        self._refill_pending = False
+        count = min(self.free, len(self._held))
+        if count > 0:
+            held, since, unmarked = self._held, self._held_since, self._unmarked
+            jobs = []
+            for _ in range(count):
+                job, claimed = held.popleft()
+                since[job.id] = claimed
+                unmarked.add(job.id)
+                jobs.append(job)
+            self._start(jobs)
+
+    def _start(self, jobs: Iterable[Job]) -> None:
         loop = asyncio.get_running_loop()
         now = loop.time()
         tracer = tracing.current_tracer()  # once per round, not per job
@@ -115,7 +234,20 @@ class JobRunner:
         self.running.pop(job.id, None)
         if deadline is not None:
             deadline.finished(job.id)
-        self._on_outcome(Outcome.aborted(job) if task.cancelled() else task.result())
+        if self._held_since:
+            self._held_since.pop(job.id, None)  # cancelled before its first step
+        if self._unmarked:
+            self._unmarked.discard(job.id)  # its outcome says more than a mark
+        outcome = Outcome.aborted(job) if task.cancelled() else task.result()
+        if outcome.action != "aborted":
+            mean = self._mean_duration
+            d = outcome.duration
+            self._mean_duration = d if mean is None else mean + 0.1 * (d - mean)
+        if self._held and not self._refill_pending:
+            # Once per loop turn, so the jobs of one turn share their deadline.
+            self._refill_pending = True
+            asyncio.get_running_loop().call_soon(self._refill)
+        self._on_outcome(outcome)
 
     async def drain(self, grace: float) -> None:
         """Give running handlers ``grace`` seconds, then cancel the rest (their
@@ -162,8 +294,16 @@ class JobRunner:
                 f" queue {job.queue_name}" if job.queue_name else "",
             )
             started = job.started_at
-            self.events.job_started(job, (started - job.run_at).total_seconds() if started else 0.0)
-            return await self._attempt(handler, job, start, tracer, timeout, deadline)
+            pickup = (started - job.run_at).total_seconds() if started else 0.0
+            claimed = self._held_since.pop(job.id, None) if self._held_since else None
+            if claimed is not None:  # held ahead: its wait for a slot counts
+                pickup += time.monotonic() - claimed
+            self.events.job_started(job, pickup)
+            outcome = await self._attempt(handler, job, start, tracer, timeout, deadline)
+            if claimed is not None:
+                # The database may not know yet when it started: the outcome says.
+                outcome.started = start
+            return outcome
         except BaseException as exc:  # never let a job task die without an outcome
             if not isinstance(exc, asyncio.CancelledError):
                 log.exception("internal error running job %s", job.id)

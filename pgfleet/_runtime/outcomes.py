@@ -16,7 +16,7 @@ ACTIONS = ("succeeded", "failed", "retry", "aborted")
 class Outcome:
     """A finished attempt waiting to be written by the next claim round."""
 
-    __slots__ = ("action", "delay", "duration", "error", "job", "label", "resent")
+    __slots__ = ("action", "delay", "duration", "error", "job", "label", "resent", "started")
 
     def __init__(
         self,
@@ -30,18 +30,29 @@ class Outcome:
         self.job = job
         #: What the database does: one of ACTIONS.
         self.action = action
-        #: What the events report: succeeded / retried / failed / aborted.
+        #: What the events report: succeeded / retried / failed / aborted, or
+        #: released (never started: counted in RunStats only).
         self.label = label
         self.duration = duration
         self.delay = delay
         self.error = error
         #: Carried by a round whose answer was lost: it may already be applied.
         self.resent = False
+        #: When the handler started (``time.perf_counter()``), for a job started
+        #: from the hold: its claim left ``started_at`` empty.
+        self.started: float | None = None
 
     @classmethod
     def aborted(cls, job: Job, duration: float = 0.0) -> Outcome:
         """Handed back at shutdown: requeued in place, its attempt not counted."""
         return cls(job, "aborted", "aborted", duration)
+
+    @classmethod
+    def released(cls, job: Job) -> Outcome:
+        """Claimed ahead and never started (held past its time, or at shutdown):
+        requeued in place like an aborted attempt, but no attempt ever ran, so no
+        ``job_finished`` event reports it."""
+        return cls(job, "aborted", "released", 0.0)
 
 
 @dataclass
@@ -53,6 +64,8 @@ class RunStats:
     retried: int = 0
     failed: int = 0
     aborted: int = 0
+    #: Claimed ahead of a free slot and handed back unstarted (see ``prefetch``).
+    released: int = 0
     cancelled: int = 0
     rescued: int = 0
     by_name: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -211,11 +211,16 @@ ORDER BY w.started_at;
 -- Requeues everything a gone worker holds (burying jobs out of attempts) and
 -- deregisters it, in one statement.
 WITH released AS (
+    -- A job held ahead that never started (started_at NULL) is requeued in place,
+    -- its attempt not counted.
     UPDATE pgfleet.jobs
-    SET status = CASE WHEN attempt >= max_attempts THEN 'failed' ELSE 'queued' END::pgfleet.job_status,
-        run_at = now(),
-        finished_at = CASE WHEN attempt >= max_attempts THEN now() END,
-        last_error = 'worker ' || $1::text || ' was force-unlocked during attempt ' || attempt,
+    SET status = CASE WHEN started_at IS NOT NULL AND attempt >= max_attempts THEN 'failed'
+                      ELSE 'queued' END::pgfleet.job_status,
+        run_at = CASE WHEN started_at IS NULL THEN run_at ELSE now() END,
+        attempt = CASE WHEN started_at IS NULL THEN greatest(attempt - 1, 0) ELSE attempt END,
+        finished_at = CASE WHEN started_at IS NOT NULL AND attempt >= max_attempts THEN now() END,
+        last_error = CASE WHEN started_at IS NULL THEN last_error
+            ELSE 'worker ' || $1::text || ' was force-unlocked during attempt ' || attempt END,
         locked_by = NULL, lock_token = NULL
     WHERE status = 'running' AND locked_by = $1
     RETURNING status
@@ -231,12 +236,18 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 -- name: job_complete_and_claim :many
 -- The claim loop's one round trip: write the outcomes of finished handlers (only
 -- where the claim's lock token still matches: a rescued or operator-released job
--- keeps its new state) and claim up to $9 due jobs this worker serves, in priority
--- then run_at order, at most one per named queue and only when that queue has no
--- running job. Returns the applied outcomes (claimed = false) and the claimed jobs.
+-- keeps its new state; $12: seconds since the handler started, for a held job that
+-- no round marked started), mark started the held jobs ($11) the worker started
+-- since its last round, and claim up to $9 due jobs this worker serves, in priority then
+-- run_at order, at most one per named queue and only when that queue has no
+-- running job. The first $10 claimed start now; the rest are held ahead (prefetch)
+-- and keep started_at NULL until a later round marks them: a rescue tells a job
+-- that never started from one that did. Returns the applied outcomes (claimed =
+-- false) and the claimed jobs.
 WITH outcome AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[])
-        AS o(id, token, action, delay, error)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                         $12::float8[])
+        AS o(id, token, action, delay, error, ran)
 ), done AS (
     UPDATE pgfleet.jobs j
     SET status = CASE o.action WHEN 'succeeded' THEN 'succeeded'
@@ -249,25 +260,29 @@ WITH outcome AS (
                              ELSE j.run_at END,
         attempt = CASE WHEN o.action = 'aborted' THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
         last_error = COALESCE(o.error, j.last_error),
+        -- Started from the hold and finished before any round marked it.
+        started_at = COALESCE(j.started_at, now() - make_interval(secs => o.ran)),
         locked_by = NULL,
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
     RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted') AS frees
+), marked AS (
+    -- Runs whether or not the query reads it (it modifies data).
+    UPDATE pgfleet.jobs j SET started_at = now()
+    WHERE j.id = ANY ($11::uuid[]) AND j.locked_by = $6 AND j.status = 'running'
+      AND j.started_at IS NULL
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
     SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
-), claimed AS (
+), pick AS MATERIALIZED (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
     -- hash or merge join over the whole table when the row estimates are stale.
     -- Only a candidate in a named queue runs the two per-queue lookups, each a
     -- LIMIT 1 probe of its own partial index (a scalar subquery, never hashed into
     -- a scan of every running job).
-    UPDATE pgfleet.jobs j
-    SET status = 'running', attempt = j.attempt + 1, started_at = now(),
-        locked_by = $6, lock_token = gen_random_uuid()
-    WHERE j.id = ANY (ARRAY (
+    SELECT ARRAY (
         SELECT c.id FROM pgfleet.jobs c
         WHERE c.status = 'queued' AND c.run_at <= now()
           AND c.name = ANY($7::text[])
@@ -284,17 +299,25 @@ WITH outcome AS (
         ORDER BY c.priority, c.run_at, c.id
         LIMIT $9
         FOR UPDATE SKIP LOCKED
-    ))
+    ) AS ids
+), claimed AS (
+    UPDATE pgfleet.jobs j
+    SET status = 'running', attempt = j.attempt + 1,
+        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10] FROM pick p)::uuid[])
+                          THEN now() END,
+        locked_by = $6, lock_token = gen_random_uuid()
+    WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
     RETURNING j.*
 )
-SELECT false AS claimed, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
+SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
        NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
        NULL::text AS job_key, NULL::timestamptz AS run_at, NULL::timestamptz AS created_at,
        NULL::timestamptz AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token
 FROM done d CROSS JOIN (SELECT count(*) FROM wake) w
 UNION ALL
-SELECT true, c.id, c.name, c.payload::text, c.attempt, c.max_attempts, c.priority, c.queue_name,
-       c.job_key, c.run_at, c.created_at, c.started_at, c.last_error, c.lock_token
+SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
+       c.priority, c.queue_name, c.job_key, c.run_at, c.created_at, now(), c.last_error,
+       c.lock_token
 FROM claimed c;
 
 -- name: worker_heartbeat :one
@@ -334,7 +357,7 @@ DELETE FROM pgfleet.workers WHERE id = $1;
 WITH expired AS (
     DELETE FROM pgfleet.workers WHERE expires_at < now() RETURNING id
 ), orphaned AS (
-    SELECT j.id, j.locked_by FROM pgfleet.jobs j
+    SELECT j.id, j.locked_by, j.started_at, j.last_error FROM pgfleet.jobs j
     WHERE j.status = 'running'
       AND NOT EXISTS (SELECT 1 FROM pgfleet.workers w
                       WHERE w.id = j.locked_by AND w.expires_at >= now())
@@ -342,16 +365,27 @@ WITH expired AS (
     LIMIT $1
     FOR UPDATE OF j SKIP LOCKED
 ), rescued AS (
+    -- A job held ahead that never started (started_at NULL) goes back to its place
+    -- in line, its attempt not counted and never buried. Once only in a row: held
+    -- twice by workers that died, it is counted like a started one, so a job that
+    -- kills its worker at once from the hold is still buried in the end.
     UPDATE pgfleet.jobs j
-    SET status = CASE WHEN j.attempt >= j.max_attempts THEN 'failed'
+    SET status = CASE WHEN NOT o.unstarted AND j.attempt >= j.max_attempts THEN 'failed'
                       ELSE 'queued' END::pgfleet.job_status,
-        run_at = now(),
-        finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
-        last_error = 'worker ' || o.locked_by::text || ' stopped heartbeating during attempt '
-                     || j.attempt,
+        run_at = CASE WHEN o.unstarted THEN j.run_at ELSE now() END,
+        attempt = CASE WHEN o.unstarted THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
+        finished_at = CASE WHEN NOT o.unstarted AND j.attempt >= j.max_attempts THEN now() END,
+        last_error = CASE WHEN o.unstarted
+            THEN 'held unstarted by worker ' || o.locked_by::text
+                 || ', which stopped heartbeating; the attempt was not counted'
+            ELSE 'worker ' || o.locked_by::text || ' stopped heartbeating during attempt '
+                 || j.attempt END,
         locked_by = NULL,
         lock_token = NULL
-    FROM orphaned o
+    FROM (SELECT o.id, o.locked_by,
+                 o.started_at IS NULL
+                 AND COALESCE(o.last_error, '') NOT LIKE 'held unstarted by worker %' AS unstarted
+          FROM orphaned o) o
     WHERE j.id = o.id
     RETURNING j.id, j.name, j.status::text AS status, o.locked_by
 )

@@ -427,13 +427,20 @@ class Store:
         actions: Sequence[str],
         delays: Sequence[float],
         errors: Sequence[str | None],
+        ran: Sequence[float | None],
         worker_id: UUID,
         job_names: Sequence[str],
         queue_names: Sequence[str] | None,
         limit: int,
+        start: int,
+        started: Sequence[UUID],
     ) -> list[Record]:
         """The claim loop's one round trip: write the outcomes (one per ``ids``
-        entry, the other sequences aligned with it) and claim up to ``limit`` jobs.
+        entry, the other sequences aligned with it; ``ran``: seconds since the
+        handler started, for a job whose claim left ``started_at`` empty), mark
+        ``started`` the held jobs the worker has started since, and claim up to
+        ``limit`` jobs, the first ``start`` of them started now and the rest held
+        ahead (``held`` true).
         Rows with ``claimed`` false are the outcomes applied (only ``id`` set); the
         others are claimed jobs, for :func:`claimed_job`."""
         return await self.db.fetch(
@@ -447,6 +454,9 @@ class Store:
             job_names,
             queue_names,
             limit,
+            start,
+            started,
+            ran,
         )
 
     async def claim_session_begin(self) -> None:

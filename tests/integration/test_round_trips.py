@@ -94,10 +94,11 @@ async def _claim_plan(conn: asyncpg.Connection) -> dict[str, Any]:
     times (when Postgres would otherwise settle on custom plans), then explained."""
     await conn.execute(Q.claim_session_begin.sql)
     await conn.execute(
-        "PREPARE claim(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int) AS "
+        "PREPARE claim(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, int, "
+        "uuid[], float8[]) AS "
         + Q.job_complete_and_claim.sql
     )
-    args = "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16"
+    args = "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16, 4, '{}', '{}'"
     for _ in range(5):
         await conn.execute(f"BEGIN; EXECUTE claim({args}); ROLLBACK")
     raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE claim({args})")
@@ -183,8 +184,9 @@ async def test_a_worker_claims_with_one_plan(database: str) -> None:
     try:
         queue = Queue(pool)
         await queue.enqueue_many([EnqueueRequest("noop", {"n": i}) for i in range(60)])
-        worker = Worker(pool, registry, WorkerConfig(concurrency=2, poll_interval=0.2))
-        stats = await worker.run(burst=True)
+        # No prefetch: a round per pair of slots.
+        config = WorkerConfig(concurrency=2, poll_interval=0.2, prefetch=0)
+        stats = await Worker(pool, registry, config).run(burst=True)
         assert stats.succeeded == 60
         held = [await pool.acquire() for _ in range(size)]
         try:

@@ -565,6 +565,9 @@ def test_registry_refuses_bad_handlers() -> None:
         ({"job_names": "record"}, "job_names must be a collection"),
         ({"queue_names": ["bad name"]}, "invalid queue name"),
         ({"finished_job_retention": -1}, "finished_job_retention must be positive"),
+        ({"prefetch": -1}, "prefetch must be an integer from 0 to 100000"),
+        ({"prefetch": 1.5}, "prefetch must be an integer"),
+        ({"prefetch_window": 0}, "prefetch_window must be positive"),
     ],
 )
 def test_worker_config_refuses_bad_values(kwargs: dict[str, Any], message: str) -> None:

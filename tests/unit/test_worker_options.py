@@ -60,6 +60,12 @@ def test_variables_set_options_and_flags_win(monkeypatch: pytest.MonkeyPatch) ->
     assert config.job_names == frozenset({"a", "b"})
 
 
+def test_prefetch_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PGFLEET_PREFETCH", "0")
+    config = worker_cmd.build_config(_parser().parse_args(["--prefetch-window", "0.2"]))
+    assert (config.prefetch, config.prefetch_window) == (0, 0.2)
+
+
 @pytest.mark.parametrize("value", ["", "0", "false", "no", " NO "])
 def test_off_words_leave_a_switch_off(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("PGFLEET_NO_LISTEN", value)

@@ -652,7 +652,8 @@ def unlock_page(frame: Frame, worker: WorkerInfo, jobs: list[Any], now: datetime
                 el("a", {"href": f"{BASE}/jobs/{j['id']}"}, str(j["id"])),
                 j["name"],
                 f"{j['attempt']}/{j['max_attempts']}",
-                when(j["started_at"], now),
+                # Claimed ahead (prefetch), not started yet.
+                when(j["started_at"], now) if j["started_at"] is not None else "held",
             )
             for j in jobs
         ],
