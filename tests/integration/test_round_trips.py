@@ -95,8 +95,7 @@ async def _claim_plan(conn: asyncpg.Connection) -> dict[str, Any]:
     await conn.execute(Q.claim_session_begin.sql)
     await conn.execute(
         "PREPARE claim(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, int, "
-        "uuid[], float8[]) AS "
-        + Q.job_complete_and_claim.sql
+        "uuid[], float8[]) AS " + Q.job_complete_and_claim.sql
     )
     args = "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16, 4, '{}', '{}'"
     for _ in range(5):
