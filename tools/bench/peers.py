@@ -264,14 +264,17 @@ async def drain_round(runs: Runs, dsn: str, total: int, single_total: int) -> No
 
         await _measure(runs, dsn, "drain raw claim1000+complete x2", total, raw)
         for level, concurrency in (("c1", 1), ("c16", 16), ("c64", 64)):
-            n = single_total if concurrency == 1 else total
+            # pgfleet drains the full count at every level (at concurrency 1 it
+            # runs thousands of jobs a second: a small count would time start-up);
+            # pgqueuer's one-slot drain, at a few hundred a second, gets fewer.
             await pool.execute(RESET)
-            await fb._fill(pool, n)
+            await fb._fill(pool, total)
 
             async def fleet(c: int = concurrency) -> None:
                 await fb._drain_in_process(pool, c)
 
-            await _measure(runs, dsn, f"drain {level} pgfleet", n, fleet)
+            await _measure(runs, dsn, f"drain {level} pgfleet", total, fleet)
+            n = single_total if concurrency == 1 else total
             for i, settings in enumerate(PGQUEUER_DRAIN[level]):
                 await pool.execute(RESET)
                 await _fill_pgqueuer(dsn, n)
@@ -533,7 +536,9 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--single", type=int, default=2000, help="single enqueues per run")
     parser.add_argument("--batch-total", type=int, default=20_000)
     parser.add_argument("--drain-total", type=int, default=20_000)
-    parser.add_argument("--single-drain-total", type=int, default=3000)
+    parser.add_argument(
+        "--single-drain-total", type=int, default=3000, help="jobs of pgqueuer's c1 drain"
+    )
     parser.add_argument("--latency-seconds", type=float, default=8.0)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", dest="json_path")
