@@ -10,13 +10,13 @@
 
 -- name: job_insert :exec
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at)
-VALUES ($1, $2, $3::text::jsonb, $4, $5, $6,
+VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
         COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)));
 
 -- name: job_insert_notify :exec
 WITH inserted AS (
     INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at)
-    VALUES ($1, $2, $3::text::jsonb, $4, $5, $6,
+    VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
             COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)))
     RETURNING 1
 )
@@ -25,12 +25,12 @@ SELECT pg_notify('pgfleet_jobs', '') FROM inserted;
 -- name: job_insert_plain :exec
 -- The common single enqueue: default options, so only four parameters travel.
 INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-VALUES ($1, $2, $3::text::jsonb, $4);
+VALUES ($1, $2::text, $3::text::jsonb, $4::integer);
 
 -- name: job_insert_plain_notify :exec
 WITH inserted AS (
     INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-    VALUES ($1, $2, $3::text::jsonb, $4)
+    VALUES ($1, $2::text, $3::text::jsonb, $4::integer)
     RETURNING 1
 )
 SELECT pg_notify('pgfleet_jobs', '') FROM inserted;
@@ -39,7 +39,7 @@ SELECT pg_notify('pgfleet_jobs', '') FROM inserted;
 -- The common batch: default options for every job. Payloads arrive as one JSON
 -- array (one encode call on the client, one parse here), zipped to the ids and names.
 INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-SELECT id, name, payload, $4
+SELECT id, name, payload, $4::integer
 FROM ROWS FROM (unnest($1::uuid[]), unnest($2::text[]), jsonb_array_elements($3::text::jsonb))
      AS t(id, name, payload);
 
