@@ -456,7 +456,9 @@ WITH queued AS (
                AS oldest_age
     FROM pgfleet.jobs WHERE status = 'queued' GROUP BY name
 ), running AS (
-    SELECT name, count(*) AS running FROM pgfleet.jobs WHERE status = 'running' GROUP BY name
+    -- Jobs a worker holds ahead (prefetch, started_at still empty) are not running.
+    SELECT name, count(*) AS running FROM pgfleet.jobs
+    WHERE status = 'running' AND started_at IS NOT NULL GROUP BY name
 ), dead AS (
     SELECT name, count(*) AS dead FROM pgfleet.jobs WHERE status = 'failed' GROUP BY name
 )

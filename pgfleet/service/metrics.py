@@ -246,7 +246,9 @@ class QueueStats(Collector):
                 labels=["kind"],
             ),
             "running": GaugeMetricFamily(
-                "pgfleet_jobs_running", "Jobs claimed and running.", labels=["kind"]
+                "pgfleet_jobs_running",
+                "Jobs claimed and running (not those held ahead by prefetch).",
+                labels=["kind"],
             ),
             "oldest_age": GaugeMetricFamily(
                 "pgfleet_oldest_queued_job_age_seconds",

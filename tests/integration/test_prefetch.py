@@ -116,6 +116,14 @@ async def test_a_rescue_never_counts_an_attempt_that_never_started(pool: asyncpg
     assert (again.job_id, again.status) == (ids[2], "failed")
 
 
+async def test_held_jobs_are_not_counted_as_running(pool: asyncpg.Pool) -> None:
+    await Queue(pool).enqueue_many([EnqueueRequest("record", {"n": i}) for i in range(4)])
+    await _claim(pool, uuid.uuid4(), limit=3, start=1)
+    [stats] = await Store(pool).queue_stats()
+    # One runs, two are held (neither queued nor running), one waits.
+    assert (stats.running, stats.queued) == (1, 1)
+
+
 async def test_force_unlock_requeues_held_jobs_without_counting_them(pool: asyncpg.Pool) -> None:
     once = EnqueueOptions(max_attempts=1)
     ids = await Queue(pool).enqueue_many(

@@ -70,6 +70,11 @@ async def seed_backlog(pool: asyncpg.Pool) -> tuple[int, int, datetime]:
     running = [await at("sleep", 900), await at("noop", 800, priority=-5)]
     for job in running:
         await put_in_state(pool, job, "running")
+    # Held ahead by a worker (prefetch: claimed, not started): needs no slot of its
+    # own and is not waiting either.
+    held = await at("noop", 700)
+    await put_in_state(pool, held, "running")
+    await pool.execute("UPDATE pgfleet.jobs SET started_at = NULL WHERE id = $1", held)
     # Finished and dead: neither.
     for status in ("succeeded", "failed", "cancelled"):
         await put_in_state(pool, await at("noop", 7200), status)
