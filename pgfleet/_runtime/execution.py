@@ -162,9 +162,8 @@ class JobRunner:
         free -= len(jobs)
         if ahead:
             if free:
-                now = ahead[:free]
-                self._unmarked.update(job.id for job in now)
-                jobs = [*jobs, *now]
+                claimed = time.monotonic()
+                jobs = [*jobs, *self._leave_hold((job, claimed) for job in ahead[:free])]
                 ahead = ahead[free:]
             self._hold(ahead)
         if jobs:
@@ -193,18 +192,23 @@ class JobRunner:
         running = self.running
         self._unmarked.update(i for i in started if i in running)
 
+    def _leave_hold(self, entries: Iterable[tuple[Job, float]]) -> list[Job]:
+        """Jobs claimed to be held that start now: their claim left started_at
+        empty, so the next round marks them (or their outcome carries the start)."""
+        since, unmarked = self._held_since, self._unmarked
+        jobs = []
+        for job, claimed in entries:
+            since[job.id] = claimed
+            unmarked.add(job.id)
+            jobs.append(job)
+        return jobs
+
     def _refill(self) -> None:
         self._refill_pending = False
         count = min(self.free, len(self._held))
         if count > 0:
-            held, since, unmarked = self._held, self._held_since, self._unmarked
-            jobs = []
-            for _ in range(count):
-                job, claimed = held.popleft()
-                since[job.id] = claimed
-                unmarked.add(job.id)
-                jobs.append(job)
-            self._start(jobs)
+            held = self._held
+            self._start(self._leave_hold(held.popleft() for _ in range(count)))
 
     def _start(self, jobs: Iterable[Job]) -> None:
         loop = asyncio.get_running_loop()

@@ -1,0 +1,71 @@
+"""The worker's hold (prefetch) in JobRunner, in process: which jobs leave it, and
+what their outcomes tell the next claim round."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import threading
+
+from pgfleet import Job, Registry, context
+from pgfleet._runtime.execution import JobRunner
+from pgfleet._runtime.outcomes import Outcome
+from pgfleet.events import WorkerEvents
+from pgfleet.testing import make_job
+
+
+def _runner(concurrency: int, outcomes: list[Outcome]) -> JobRunner:
+    registry = Registry()
+
+    @registry.job("noop")
+    async def noop(job: Job) -> None:
+        return None
+
+    runner = JobRunner(
+        registry,
+        concurrency=concurrency,
+        default_timeout=None,
+        backoff_base=1.0,
+        backoff_cap=1.0,
+        backoff_jitter=0.0,
+        events=WorkerEvents(),
+        on_outcome=outcomes.append,
+        prefetch=8,
+        prefetch_window=1.0,
+    )
+    runner.state = context.WorkerState(
+        dt.datetime.now(dt.UTC), threading.Event(), asyncio.get_running_loop().create_future()
+    )
+    return runner
+
+
+async def _settled(outcomes: list[Outcome], n: int) -> None:
+    while len(outcomes) < n:
+        await asyncio.sleep(0)
+
+
+async def test_jobs_claimed_to_be_held_that_find_a_free_slot_carry_their_start() -> None:
+    # The claim left their started_at empty: whether they start at once (a slot
+    # came free while the round was out) or later from the hold, an outcome that
+    # beats the next round's mark must say when the job started.
+    outcomes: list[Outcome] = []
+    runner = _runner(2, outcomes)
+    direct, at_once, held = make_job("noop"), make_job("noop"), make_job("noop")
+    runner.launch([direct], [at_once, held])
+    assert runner.held == 1
+    await _settled(outcomes, 3)
+    started = {o.job.id: o.started for o in outcomes}
+    assert started[direct.id] is None  # its claim recorded the start
+    assert started[at_once.id] is not None
+    assert started[held.id] is not None
+    assert runner.held == 0 and not runner.unmarked  # finished: nothing left to mark
+
+
+async def test_nothing_is_claimed_ahead_until_a_handler_has_set_the_pace() -> None:
+    outcomes: list[Outcome] = []
+    runner = _runner(1, outcomes)
+    assert runner.wanted(refill=False) == (1, 1)  # no pace yet: no prefetch
+    runner.launch([make_job("noop")])
+    await _settled(outcomes, 1)
+    assert runner.ahead() == 8  # no-op pace: the cap
+    assert runner.wanted(refill=False) == (9, 1)
