@@ -9,17 +9,15 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 from typing import Any
 
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
-from pgfleet.db.boundary import claimed_job, is_connection_error
+from pgfleet.db.boundary import is_connection_error, round_result
 from pgfleet.db.bounded import BoundedPool, Held
 from pgfleet.db.store import Store
 from pgfleet.db.types import Record
 from pgfleet.events import WorkerEvents
-from pgfleet.jobs import Job
 from pgfleet.payloads import storable_text
 
 log = logging.getLogger("pgfleet")
@@ -27,10 +25,6 @@ log = logging.getLogger("pgfleet")
 #: Seconds a job claimed ahead (prefetch) may wait for a free slot before it is
 #: handed back, unstarted, for any worker to take.
 PREFETCH_HOLD = 1.0
-
-
-def _claim_order(job: Job) -> tuple[int, datetime, uuid.UUID]:
-    return (job.priority, job.run_at, job.id)
 
 
 class ClaimLoop:
@@ -386,14 +380,7 @@ class ClaimLoop:
 
     def _settle(self, batch: list[Outcome], rows: list[Record]) -> int:
         """Report the round's written outcomes and start the jobs it claimed."""
-        applied: set[uuid.UUID] = set()
-        jobs: list[Job] = []
-        ahead: list[Job] = []
-        for row in rows:
-            if row["claimed"]:
-                (ahead if row["held"] else jobs).append(claimed_job(row, self.worker_id))
-            else:
-                applied.add(row["id"])
+        jobs, ahead, applied = round_result(rows, self.worker_id)
         stats, events = self.stats, self.events
         for o in batch:
             job = o.job
@@ -425,7 +412,5 @@ class ClaimLoop:
                 self.outcomes.extend(Outcome.aborted(job) for job in jobs)
                 self.outcomes.extend(Outcome.released(job) for job in ahead)
             else:
-                if len(ahead) > 1:  # the update returns them in no particular order
-                    ahead.sort(key=_claim_order)
                 self._executor.launch(jobs, ahead)
         return claimed

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +16,7 @@ from pgfleet.errors import (
     SchemaNotReady,
     ValidationError,
 )
-from pgfleet.jobs import Job, JobStatus, WorkerInfo
+from pgfleet.jobs import Job, JobStatus, WorkerInfo, make_job
 
 if TYPE_CHECKING:
     from uuid import UUID
@@ -126,29 +128,83 @@ def job_from_record(r: Record) -> Job:
     )
 
 
-def claimed_job(r: Record, worker_id: UUID) -> Job:
-    """A job as ``job_complete_and_claim`` returns it claimed (``claimed`` true) by
-    ``worker_id``: running, its payload as JSON text. The claim loop's hot path: no
-    work beyond building the Job."""
-    payload = r["payload"]
-    return Job(
-        id=r["id"],
-        name=r["name"],
-        payload=None if payload is None else json.loads(payload),
-        status=JobStatus.RUNNING,
-        attempt=r["attempt"],
-        max_attempts=r["max_attempts"],
-        priority=r["priority"],
-        queue_name=r["queue_name"],
-        job_key=r["job_key"],
-        run_at=r["run_at"],
-        created_at=r["created_at"],
-        started_at=r["started_at"],
-        finished_at=None,
-        last_error=r["last_error"],
-        worker_id=worker_id,
-        lock_token=r["lock_token"],
-    )
+_UTC = UTC
+_EPOCH_MIN = datetime.min.replace(tzinfo=_UTC)
+_EPOCH_MAX = datetime.max.replace(tzinfo=_UTC)
+_from_epoch = datetime.fromtimestamp
+
+
+def _stamp(seconds: float) -> datetime:
+    """A time ``job_complete_and_claim`` sent as seconds since the epoch. Exact to
+    the microsecond from 1685 to 2255 (a claimed job's times are due, so past); ±
+    infinity, which only SQL written by hand can store, reads as the driver reads it
+    (the earliest or latest datetime)."""
+    try:
+        return _from_epoch(seconds, _UTC)
+    except (OverflowError, ValueError, OSError):
+        return _EPOCH_MIN if seconds < 0 else _EPOCH_MAX
+
+
+#: The columns of ``job_complete_and_claim``'s rows, in order (checked by a test
+#: against the statement): its hot path unpacks rows instead of looking names up.
+ROUND_COLUMNS = (
+    "claimed", "held", "id", "name", "payload", "attempt", "max_attempts", "priority",
+    "queue_name", "job_key", "run_at", "created_at", "started_at", "last_error", "lock_token",
+)  # fmt: skip
+
+
+def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], list[Job], set[UUID]]:
+    """What a ``job_complete_and_claim`` round returned: the jobs claimed to start
+    now, those claimed to be held ahead (in claim order: priority, run_at, id), and
+    the ids of the outcomes it applied. A claimed job is running, held by
+    ``worker_id``.
+
+    The claim loop's hot path, so it does per round what it can: the payloads are
+    parsed as one JSON array (Postgres wrote each, so each is one JSON value) and
+    each distinct time is converted once."""
+    applied: set[UUID] = set()
+    claimed = []
+    payloads = []
+    for row in rows:
+        if row[0]:
+            claimed.append(row)
+            payloads.append(row[4])
+        else:
+            applied.add(row[2])
+    if not claimed:
+        return [], [], applied
+    values = json.loads(f"[{','.join(payloads)}]")
+    stamps: dict[float, datetime] = {}
+    running = JobStatus.RUNNING
+    now: list[Job] = []
+    ahead: list[tuple[int, float, UUID, Job]] = []
+    for row, payload in zip(claimed, values, strict=True):
+        (_, held, id_, name, _, attempt, max_attempts, priority, queue_name, job_key,
+         run_at, created_at, started_at, last_error, token) = row  # fmt: skip
+        run = stamps.get(run_at)
+        if run is None:
+            run = stamps[run_at] = _stamp(run_at)
+        created = stamps.get(created_at)
+        if created is None:
+            created = stamps[created_at] = _stamp(created_at)
+        started = stamps.get(started_at)
+        if started is None:
+            started = stamps[started_at] = _stamp(started_at)
+        job = make_job(
+            id_, name, payload, running, attempt, max_attempts, priority, queue_name,
+            job_key, run, created, started, None, last_error, worker_id, token,
+        )  # fmt: skip
+        if held:
+            ahead.append((priority, run_at, id_, job))
+        else:
+            now.append(job)
+    if len(ahead) > 1:  # the update returns them in no particular order
+        ahead.sort(key=_claim_order)
+    return now, [entry[3] for entry in ahead], applied
+
+
+def _claim_order(entry: tuple[int, float, UUID, Job]) -> tuple[int, float, UUID]:
+    return entry[0], entry[1], entry[2]
 
 
 def worker_from_record(r: Record) -> WorkerInfo:

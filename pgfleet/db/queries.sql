@@ -309,14 +309,18 @@ WITH outcome AS (
     WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
     RETURNING j.*
 )
+-- Times travel as seconds since the epoch (float8: exact to the microsecond from
+-- 1685 to 2255): the client builds a datetime from them in half the time the
+-- driver's timestamptz decoder takes, and once per distinct value in a round.
 SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
        NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
-       NULL::text AS job_key, NULL::timestamptz AS run_at, NULL::timestamptz AS created_at,
-       NULL::timestamptz AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token
+       NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
+       NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token
 FROM done d CROSS JOIN (SELECT count(*) FROM wake) w
 UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
-       c.priority, c.queue_name, c.job_key, c.run_at, c.created_at, now(), c.last_error,
+       c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
+       date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
        c.lock_token
 FROM claimed c;
 

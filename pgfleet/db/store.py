@@ -18,7 +18,6 @@ from typing import cast
 from uuid import UUID
 
 from pgfleet.db.boundary import (
-    claimed_job,
     is_connection_error,
     job_from_record,
     translate_errors,
@@ -38,7 +37,6 @@ __all__ = [
     "RescuedRow",
     "Store",
     "TableHealth",
-    "claimed_job",
     "is_connection_error",
 ]
 
@@ -442,7 +440,7 @@ class Store:
         ``limit`` jobs, the first ``start`` of them started now and the rest held
         ahead (``held`` true).
         Rows with ``claimed`` false are the outcomes applied (only ``id`` set); the
-        others are claimed jobs, for :func:`claimed_job`."""
+        others are claimed jobs, for :func:`round_result`."""
         return await self.db.fetch(
             Q.job_complete_and_claim.sql,
             ids,

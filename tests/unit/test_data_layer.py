@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import UTC, datetime
+from dataclasses import fields
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from pgfleet import JobStatus
-from pgfleet.db.store import claimed_job
+import pytest
+
+from pgfleet import Job, JobStatus
+from pgfleet.db.boundary import ROUND_COLUMNS, round_result
+from pgfleet.jobs import make_job
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pgfleet"
 
@@ -59,27 +63,92 @@ def test_the_pattern_sees_the_calls_it_must() -> None:
     assert not CALL.search(NOT_SQL.sub("", "ctx = contextvars.copy_context()"))
 
 
+def _round_row(**values: object) -> tuple[object, ...]:
+    """A row as ``job_complete_and_claim`` returns it (a Record unpacks the same)."""
+    row: dict[str, object] = dict.fromkeys(ROUND_COLUMNS)
+    row.update(values)
+    return tuple(row.values())
+
+
 def test_a_claimed_row_becomes_a_running_job_of_the_claiming_worker() -> None:
     worker, token = uuid.uuid4(), uuid.uuid4()
     now = datetime.now(UTC)
-    row: dict[str, object] = {
-        "claimed": True,
-        "id": uuid.uuid4(),
-        "name": "send",
-        "payload": '{"to": "a@b"}',
-        "attempt": 1,
-        "max_attempts": 3,
-        "priority": 0,
-        "queue_name": None,
-        "job_key": "k",
-        "run_at": now,
-        "created_at": now,
-        "started_at": now,
-        "last_error": None,
-        "lock_token": token,
-    }
-    job = claimed_job(row, worker)  # type: ignore[arg-type]  # a Record reads the same
+    epoch = now.timestamp()
+    row = _round_row(
+        claimed=True,
+        held=False,
+        id=uuid.uuid4(),
+        name="send",
+        payload='{"to": "a@b"}',
+        attempt=1,
+        max_attempts=3,
+        priority=0,
+        job_key="k",
+        run_at=epoch,
+        created_at=epoch - 1.5,
+        started_at=epoch,
+        lock_token=token,
+    )
+    (job,), ahead, applied = round_result([row], worker)  # type: ignore[list-item]  # a Record unpacks the same
+    assert (ahead, applied) == ([], set())
     assert job.status is JobStatus.RUNNING
     assert job.payload == {"to": "a@b"}
     assert (job.worker_id, job.lock_token, job.finished_at) == (worker, token, None)
     assert (job.name, job.attempt, job.job_key) == ("send", 1, "k")
+    assert (job.run_at, job.started_at) == (now, now)
+    assert job.created_at == now - timedelta(seconds=1.5)
+
+
+def test_a_round_splits_into_jobs_to_start_held_jobs_in_claim_order_and_applied_outcomes() -> None:
+    worker = uuid.uuid4()
+    base = datetime(2026, 1, 1, tzinfo=UTC).timestamp()
+    applied_id = uuid.uuid4()
+    ids = sorted(uuid.uuid4() for _ in range(4))
+    payloads = ['"s"', "[1, 2]", "null", '{"n": 1.5}']
+    # (priority, run_at) of each held job; the statement returns them unordered.
+    order = [(5, base + 2), (0, base + 9), (0, base + 1), (5, base + 2)]
+    rows = [_round_row(claimed=False, id=applied_id)]
+    for i, ((priority, run_at), payload) in enumerate(zip(order, payloads, strict=True)):
+        rows.append(
+            _round_row(
+                claimed=True,
+                held=True,
+                id=ids[i],
+                name="n",
+                payload=payload,
+                attempt=1,
+                max_attempts=1,
+                priority=priority,
+                run_at=run_at,
+                created_at=base,
+                started_at=base,
+                lock_token=uuid.uuid4(),
+            )
+        )
+    now, ahead, applied = round_result(rows, worker)  # type: ignore[arg-type]  # a Record unpacks the same
+    assert now == [] and applied == {applied_id}
+    assert [j.id for j in ahead] == [ids[2], ids[1], ids[0], ids[3]]
+    assert [j.payload for j in ahead] == [None, [1, 2], "s", {"n": 1.5}]
+    assert {j.created_at for j in ahead} == {datetime(2026, 1, 1, tzinfo=UTC)}
+
+
+def test_times_outside_what_a_datetime_holds_read_as_the_driver_reads_them() -> None:
+    rows = [
+        _round_row(
+            claimed=True, held=False, id=uuid.uuid4(), name="n", payload="1", attempt=1,
+            max_attempts=1, priority=0, run_at=float("-inf"), created_at=float("inf"),
+            started_at=0.0, lock_token=uuid.uuid4(),
+        )
+    ]  # fmt: skip
+    (job,), _, _ = round_result(rows, uuid.uuid4())  # type: ignore[arg-type]  # a Record unpacks the same
+    assert job.run_at == datetime.min.replace(tzinfo=UTC)
+    assert job.created_at == datetime.max.replace(tzinfo=UTC)
+    assert job.started_at == datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def test_make_job_builds_the_same_job_as_the_dataclass() -> None:
+    values = [object() for _ in fields(Job)]
+    made = make_job(*values)
+    assert made == Job(*values)  # type: ignore[arg-type]  # any values: only their places matter
+    with pytest.raises(TypeError):
+        make_job(*values[:-1])
