@@ -194,12 +194,12 @@ class JobRunner:
 
     def _leave_hold(self, entries: Iterable[tuple[Job, float]]) -> list[Job]:
         """Jobs claimed to be held that start now: their claim left started_at
-        empty, so the next round marks them (or their outcome carries the start)."""
-        since, unmarked = self._held_since, self._unmarked
+        empty, so once their handler runs the next round marks them (or their
+        outcome carries the start)."""
+        since = self._held_since
         jobs = []
         for job, claimed in entries:
             since[job.id] = claimed
-            unmarked.add(job.id)
             jobs.append(job)
         return jobs
 
@@ -302,6 +302,10 @@ class JobRunner:
             claimed = self._held_since.pop(job.id, None) if self._held_since else None
             if claimed is not None:  # held ahead: its wait for a slot counts
                 pickup += time.monotonic() - claimed
+                # Marked from its first step, not its launch: a round sent before
+                # the task first ran (the one right after the launch, as a rule)
+                # would mark a job that a no-op handler finishes before the next.
+                self._unmarked.add(job.id)
             self.events.job_started(job, pickup)
             outcome = await self._attempt(handler, job, start, tracer, timeout, deadline)
             if claimed is not None:

@@ -268,9 +268,12 @@ WITH outcome AS (
     WHERE j.id = o.id AND j.lock_token = o.token
     RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted') AS frees
 ), marked AS (
-    -- Runs whether or not the query reads it (it modifies data).
+    -- Runs whether or not the query reads it (it modifies data). Most rounds mark
+    -- nothing: the cardinality test is a one-time filter that then skips the scan
+    -- of this worker's running jobs the planner would otherwise make.
     UPDATE pgfleet.jobs j SET started_at = now()
-    WHERE j.id = ANY ($11::uuid[]) AND j.locked_by = $6 AND j.status = 'running'
+    WHERE cardinality($11::uuid[]) > 0
+      AND j.id = ANY ($11::uuid[]) AND j.locked_by = $6 AND j.status = 'running'
       AND j.started_at IS NULL
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.

@@ -11,6 +11,7 @@ import asyncpg
 
 from pgfleet import EnqueueRequest, Queue, Registry, Worker, WorkerConfig
 from pgfleet.db import Q
+from pgfleet.db.boundary import ROUND_COLUMNS
 from pgfleet.db.bounded import AppPool
 from pgfleet.queue import create_pool
 from tests.helpers import job_count, listening, notifications_before_marker
@@ -206,3 +207,56 @@ async def test_a_worker_claims_with_one_plan(database: str) -> None:
         assert plans[0]["generic_plans"] >= 30  # two slots, 60 jobs: many rounds
     finally:
         await pool.close()
+
+
+async def test_the_round_returns_the_columns_the_client_unpacks(database: str) -> None:
+    # round_result unpacks rows by position, not by name.
+    conn = await asyncpg.connect(database)
+    try:
+        statement = await conn.prepare(Q.job_complete_and_claim.sql)
+        names = tuple(a.name for a in statement.get_attributes())
+        assert names == ROUND_COLUMNS
+        types = {a.name: a.type.name for a in statement.get_attributes()}
+        assert (types["run_at"], types["created_at"], types["started_at"]) == ("float8",) * 3
+    finally:
+        await conn.close()
+
+
+async def test_a_round_that_marks_nothing_scans_nothing_to_mark(database: str) -> None:
+    conn = await asyncpg.connect(database)
+    try:
+        worker = await conn.fetchval("SELECT gen_random_uuid()")
+        await conn.execute(
+            "INSERT INTO pgfleet.jobs (id, name, payload, status, attempt, max_attempts, "
+            "locked_by, lock_token) SELECT gen_random_uuid(), 'noop', '{}', 'running', 1, 25, "
+            "$1, gen_random_uuid() FROM generate_series(1, 50)",
+            worker,
+        )
+        held = await conn.fetchval(
+            "SELECT id FROM pgfleet.jobs WHERE locked_by = $1 LIMIT 1", worker
+        )
+        await conn.execute(
+            "PREPARE claim(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, "
+            "int, uuid[], float8[]) AS " + Q.job_complete_and_claim.sql
+        )
+
+        async def scans_to_mark(marks: str) -> int:
+            args = f"'{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{worker}', '{{noop}}', NULL, 0, 0, {marks}, '{{}}'"
+            transaction = conn.transaction()
+            await transaction.start()
+            try:  # ANALYZE runs the updates: roll them back
+                raw = await conn.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE claim({args})")
+            finally:
+                await transaction.rollback()
+            marked = next(
+                n
+                for n in _nodes(json.loads(raw)[0]["Plan"])
+                if n.get("Subplan Name") == "CTE marked"
+            )
+            # Every scan under the marking update, by whatever index it plans.
+            return sum(n["Actual Loops"] for n in _nodes(marked) if "Scan" in n["Node Type"])
+
+        assert await scans_to_mark("'{}'") == 0
+        assert await scans_to_mark(f"ARRAY['{held}']::uuid[]") == 1
+    finally:
+        await conn.close()

@@ -14,8 +14,10 @@ from pgfleet.events import WorkerEvents
 from pgfleet.testing import make_job
 
 
-def _runner(concurrency: int, outcomes: list[Outcome]) -> JobRunner:
-    registry = Registry()
+def _runner(
+    concurrency: int, outcomes: list[Outcome], registry: Registry | None = None
+) -> JobRunner:
+    registry = Registry() if registry is None else registry
 
     @registry.job("noop")
     async def noop(job: Job) -> None:
@@ -69,3 +71,26 @@ async def test_nothing_is_claimed_ahead_until_a_handler_has_set_the_pace() -> No
     await _settled(outcomes, 1)
     assert runner.ahead() == 8  # no-op pace: the cap
     assert runner.wanted(refill=False) == (9, 1)
+
+
+async def test_a_held_job_is_marked_started_once_its_handler_runs_not_at_its_launch() -> None:
+    # The round sent right after a launch would otherwise mark jobs whose tasks have
+    # not run yet, most of which finish before the next round: an update per job.
+    outcomes: list[Outcome] = []
+    registry = Registry()
+    release = asyncio.Event()
+
+    @registry.job("slow")
+    async def slow(job: Job) -> None:
+        await release.wait()
+
+    runner = _runner(2, outcomes, registry)
+
+    slow_job, noop_job = make_job("slow"), make_job("noop")
+    runner.launch([], [slow_job, noop_job])
+    assert runner.take_started() == []  # launched, not yet run
+    await _settled(outcomes, 1)  # the no-op ran and finished: its outcome says it
+    assert runner.take_started() == [slow_job.id]  # running: the next round marks it
+    release.set()
+    await _settled(outcomes, 2)
+    assert not runner.unmarked
