@@ -135,13 +135,27 @@ class ClaimLoop:
         idle = False
         refused = 0
         executor = self._executor
+        #: A round's answer not settled yet: under load, the next round goes out
+        #: first and this one's jobs start while it is in flight, so the database
+        #: does not wait for the client between rounds (see _send_then_settle).
+        deferred: tuple[list[Outcome], list[Record], int] | None = None
         try:
             while True:
                 if executor.held:
                     self._release_held(time.monotonic() - self._hold)
+                if deferred is not None and (
+                    self.stopping
+                    or not (self.outcomes or executor.unmarked)
+                    or held is None
+                    or held.closed()
+                ):
+                    # Nothing to send first (or no connection to send it on).
+                    self._settle(deferred[0], deferred[1])
+                    deferred = None
                 if self.stopping and not executor.running and not self.outcomes:
                     return
-                free, start = (0, 0) if self.stopping else executor.wanted(self._finished)
+                arriving = 0 if deferred is None else deferred[2]
+                free, start = (0, 0) if self.stopping else executor.wanted(self._finished, arriving)
                 if not self.outcomes and not executor.unmarked:
                     if free == 0:
                         self._wake_event.clear()
@@ -156,8 +170,15 @@ class ClaimLoop:
                 self._finished = False
                 started = executor.take_started()
                 self._round_started = time.monotonic()
+                round_: asyncio.Task[list[Record]] | None = None
+                if deferred is not None:
+                    assert held is not None  # settled above otherwise
+                    round_ = await self._send_then_settle(
+                        Store(held.conn), batch, free, start, started, deferred
+                    )
+                    deferred = None
                 try:
-                    if held is not None and held.closed():
+                    if round_ is None and held is not None and held.closed():
                         held.drop()  # closed under us: make sure its slot goes back
                         held = None
                     reached = held is not None
@@ -169,7 +190,10 @@ class ClaimLoop:
                             reached = True
                             if self._failures:
                                 await self._release_unknown(Store(held.conn), batch)
-                        rows = await self._claim(Store(held.conn), batch, free, start, started)
+                        if round_ is not None:
+                            rows = await round_
+                        else:
+                            rows = await self._claim(Store(held.conn), batch, free, start, started)
                 except TimeoutError:
                     executor.restore_started(started)
                     await self._round_failed(batch, held, None, reached=False)
@@ -201,7 +225,12 @@ class ClaimLoop:
                     self._failures = 0
                     self._unreachable = 0
                     self._failing_since = None
-                claimed = self._settle(batch, rows)
+                if not self.stopping and (self.outcomes or executor.unmarked):
+                    # Handlers finished while the round was out: send theirs first.
+                    claimed = sum(1 for row in rows if row[0])
+                    deferred = (batch, rows, claimed)
+                else:
+                    claimed = self._settle(batch, rows)
                 idle = claimed < free
                 if (
                     self.burst
@@ -230,6 +259,32 @@ class ClaimLoop:
                         await held.release(self._pool, min(self._timeout, 5.0))
             elif held is not None:
                 held.drop()
+
+    async def _send_then_settle(
+        self,
+        store: Store,
+        batch: list[Outcome],
+        free: int,
+        start: int,
+        started: list[uuid.UUID],
+        deferred: tuple[list[Outcome], list[Record], int],
+    ) -> asyncio.Task[list[Record]]:
+        """Send a round, then settle the previous one while it is out: its task's
+        first step writes the statement, and the jobs the previous round claimed
+        start (and its outcomes are reported) before this one's answer can arrive.
+        Returns the round's task, for the caller to await like a round of its own.
+        If settling fails the round is cancelled: its connection is dropped with
+        the loop (a cut round's state is unknown)."""
+        round_ = asyncio.get_running_loop().create_task(
+            self._claim(store, batch, free, start, started)
+        )
+        try:
+            await asyncio.sleep(0)
+            self._settle(deferred[0], deferred[1])
+        except BaseException:
+            round_.cancel()
+            raise
+        return round_
 
     async def _claim(
         self, store: Store, batch: list[Outcome], free: int, start: int, started: list[uuid.UUID]

@@ -122,13 +122,14 @@ class JobRunner:
             return self._prefetch
         return min(self._prefetch, int(self._window * self._concurrency / mean))
 
-    def wanted(self, refill: bool) -> tuple[int, int]:
+    def wanted(self, refill: bool, arriving: int = 0) -> tuple[int, int]:
         """How many jobs the next claim round should take, and how many of them
         start at once: one per slot that nothing fills, plus enough to bring the
         jobs held ahead back to ``ahead()``, topped up only once they are half
         gone and ``refill`` (a slot just came free: handlers finish), so that
-        slots busy with long handlers never collect a backlog of held jobs."""
-        idle = self._concurrency - len(self.running) - len(self._held)
+        slots busy with long handlers never collect a backlog of held jobs.
+        ``arriving``: jobs a round has claimed that are not launched yet."""
+        idle = self._concurrency - len(self.running) - len(self._held) - arriving
         ahead = self.ahead()
         if idle > 0:
             return idle + ahead, idle

@@ -20,9 +20,12 @@ class ClaimCounter(Recorder):
     def __init__(self) -> None:
         super().__init__()
         self.claims: list[int] = []
+        #: Jobs claimed and not finished, each time a round's claims are reported.
+        self.outstanding: list[int] = []
 
     def jobs_claimed(self, count: int) -> None:
         self.claims.append(count)
+        self.outstanding.append(sum(self.claims) - len(self.finished))
         self._changed.set()
 
 
@@ -147,9 +150,12 @@ async def test_a_worker_claims_ahead_and_runs_every_job_once(pool: asyncpg.Pool)
         await rec.until(lambda: len(rec.finished) == 200)
     stats = task.result()
     assert (stats.succeeded, stats.claimed, stats.released) == (200, 200, 0)
-    # Rounds claimed more than the two slots, never more than slots + prefetch.
+    # Rounds claimed more than the two slots, never more than slots + prefetch;
+    # nor did rounds sent before the previous one's jobs were launched pile up
+    # more than that between them.
     assert max(rec.claims) > 2
     assert max(rec.claims) <= 2 + 16
+    assert max(rec.outstanding) <= 2 + 16
     runs = await pool.fetch("SELECT job_id, count(*) AS n FROM public.executions GROUP BY job_id")
     assert sorted(r["job_id"] for r in runs) == sorted(ids)
     assert all(r["n"] == 1 for r in runs)
