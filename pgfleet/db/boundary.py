@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from operator import itemgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -128,9 +129,8 @@ def job_from_record(r: Record) -> Job:
     )
 
 
-_UTC = UTC
-_EPOCH_MIN = datetime.min.replace(tzinfo=_UTC)
-_EPOCH_MAX = datetime.max.replace(tzinfo=_UTC)
+_EPOCH_MIN = datetime.min.replace(tzinfo=UTC)
+_EPOCH_MAX = datetime.max.replace(tzinfo=UTC)
 _from_epoch = datetime.fromtimestamp
 
 
@@ -140,9 +140,19 @@ def _stamp(seconds: float) -> datetime:
     infinity, which only SQL written by hand can store, reads as the driver reads it
     (the earliest or latest datetime)."""
     try:
-        return _from_epoch(seconds, _UTC)
+        return _from_epoch(seconds, UTC)
     except (OverflowError, ValueError, OSError):
         return _EPOCH_MIN if seconds < 0 else _EPOCH_MAX
+
+
+class _Stamps(dict[float, datetime]):
+    """A round's times, each converted once: a batch's jobs share theirs."""
+
+    __slots__ = ()
+
+    def __missing__(self, seconds: float) -> datetime:
+        stamp = self[seconds] = _stamp(seconds)
+        return stamp
 
 
 #: The columns of ``job_complete_and_claim``'s rows, in order (checked by a test
@@ -174,37 +184,28 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
     if not claimed:
         return [], [], applied
     values = json.loads(f"[{','.join(payloads)}]")
-    stamps: dict[float, datetime] = {}
+    stamps = _Stamps()
     running = JobStatus.RUNNING
     now: list[Job] = []
     ahead: list[tuple[int, float, UUID, Job]] = []
     for row, payload in zip(claimed, values, strict=True):
         (_, held, id_, name, _, attempt, max_attempts, priority, queue_name, job_key,
          run_at, created_at, started_at, last_error, token) = row  # fmt: skip
-        run = stamps.get(run_at)
-        if run is None:
-            run = stamps[run_at] = _stamp(run_at)
-        created = stamps.get(created_at)
-        if created is None:
-            created = stamps[created_at] = _stamp(created_at)
-        started = stamps.get(started_at)
-        if started is None:
-            started = stamps[started_at] = _stamp(started_at)
         job = make_job(
             id_, name, payload, running, attempt, max_attempts, priority, queue_name,
-            job_key, run, created, started, None, last_error, worker_id, token,
+            job_key, stamps[run_at], stamps[created_at], stamps[started_at], None,
+            last_error, worker_id, token,
         )  # fmt: skip
         if held:
             ahead.append((priority, run_at, id_, job))
         else:
             now.append(job)
     if len(ahead) > 1:  # the update returns them in no particular order
-        ahead.sort(key=_claim_order)
+        ahead.sort(key=_CLAIM_ORDER)
     return now, [entry[3] for entry in ahead], applied
 
 
-def _claim_order(entry: tuple[int, float, UUID, Job]) -> tuple[int, float, UUID]:
-    return entry[0], entry[1], entry[2]
+_CLAIM_ORDER = itemgetter(0, 1, 2)
 
 
 def worker_from_record(r: Record) -> WorkerInfo:
