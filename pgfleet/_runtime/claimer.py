@@ -17,6 +17,7 @@ from pgfleet.db.boundary import is_connection_error, round_result
 from pgfleet.db.bounded import BoundedPool, Held
 from pgfleet.db.store import Store
 from pgfleet.db.types import Record
+from pgfleet.errors import DatabaseUnavailable
 from pgfleet.events import WorkerEvents
 from pgfleet.payloads import storable_text
 
@@ -174,7 +175,7 @@ class ClaimLoop:
                 if deferred is not None:
                     assert held is not None  # settled above otherwise
                     round_ = await self._send_then_settle(
-                        Store(held.conn), batch, free, start, started, deferred
+                        held, batch, free, start, started, deferred
                     )
                     deferred = None
                 try:
@@ -262,7 +263,7 @@ class ClaimLoop:
 
     async def _send_then_settle(
         self,
-        store: Store,
+        held: Held,
         batch: list[Outcome],
         free: int,
         start: int,
@@ -276,7 +277,7 @@ class ClaimLoop:
         If settling fails the round is cancelled: its connection is dropped with
         the loop (a cut round's state is unknown)."""
         round_ = asyncio.get_running_loop().create_task(
-            self._claim(store, batch, free, start, started)
+            self._send(held, batch, free, start, started)
         )
         try:
             await asyncio.sleep(0)
@@ -285,6 +286,18 @@ class ClaimLoop:
             round_.cancel()
             raise
         return round_
+
+    async def _send(
+        self, held: Held, batch: list[Outcome], free: int, start: int, started: list[uuid.UUID]
+    ) -> list[Record]:
+        """A pipelined round's task. The connection can be lost in the loop turn
+        between the caller's check and this first step (a reset read in the same
+        turn as the previous answer): asyncpg has then already handed its slot back
+        and detached the proxy, so say the connection is gone instead of calling
+        it."""
+        if held.closed():
+            raise DatabaseUnavailable("the claim connection closed before the round was sent")
+        return await self._claim(Store(held.conn), batch, free, start, started)
 
     async def _claim(
         self, store: Store, batch: list[Outcome], free: int, start: int, started: list[uuid.UUID]

@@ -348,3 +348,29 @@ async def test_a_handlers_own_timeout_error_is_not_reported_as_its_timeout(
     for job_id in ids:
         job = await queue.get(job_id)
         assert job is not None and job.last_error == "TimeoutError: "
+
+
+async def test_a_pipelined_round_on_a_connection_lost_in_the_same_turn_is_a_lost_connection(
+    pool: asyncpg.Pool,
+) -> None:
+    """A reset read in the loop turn that delivered the previous answer closes the
+    claim connection after the loop checked it and before the next round's task
+    first runs: asyncpg has then detached the proxy and handed the slot back. The
+    round must fail as a lost connection (retried like any outage), never call the
+    released proxy ("released back to the pool", the misuse the chaos suite flags)."""
+    from pgfleet.db.bounded import Held
+    from pgfleet.errors import DatabaseUnavailable
+
+    registry = Registry()
+
+    @registry.job("never")
+    async def never(job: Job) -> None:  # pragma: no cover - nothing is enqueued
+        return None
+
+    worker = Worker(pool, registry, WorkerConfig(concurrency=2, **FAST))
+    held = Held(await pool.acquire())
+    held.conn.terminate()  # asyncpg cleans up at once: the proxy is detached now
+    assert held.closed()
+    with pytest.raises(DatabaseUnavailable, match="closed before the round was sent"):
+        await worker._claims._send(held, [], 1, 1, [])
+    assert pool.get_size() - pool.get_idle_size() == 0  # the slot went back
