@@ -54,7 +54,7 @@ class WorkerConfig:
     #: before a handler has finished, and hands back (unstarted, attempt not
     #: counted) any held job still waiting after a second. 0 turns it off:
     #: strict priority order at the cost of a claim round per slot.
-    prefetch: int = 256
+    prefetch: int = 1024
     #: How much work, in seconds of the handlers' recent mean duration per slot,
     #: the jobs held ahead may stand for.
     prefetch_window: float | timedelta = 0.05
