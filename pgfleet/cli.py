@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 
 from pgfleet.db.migrate import migrate, migration_script
-from pgfleet.db.pooler import dsn_transaction_pooled, refuse_migrations
+from pgfleet.db.transaction_pooling import dsn_transaction_pooled, refuse_migrations
 from pgfleet.errors import PgfleetError
 from pgfleet.service import api_cmd, jobs_cmd, worker_cmd
 from pgfleet.service.flags import add_dsn

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT
+from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT
 from pgfleet.errors import InvalidOptions
 from pgfleet.jobs import validate_name
 

@@ -12,8 +12,8 @@ from typing import Any, NoReturn
 from uuid import UUID
 
 from pgfleet import _ids
-from pgfleet.db.bounded import AppPool
-from pgfleet.db.pool import create_pool as create_pool  # public: pgfleet.create_pool
+from pgfleet.db.connect import create_pool as create_pool  # public: pgfleet.create_pool
+from pgfleet.db.deadlines import AppPool
 from pgfleet.db.store import Store
 from pgfleet.db.types import Connection
 from pgfleet.errors import (

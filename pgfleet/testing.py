@@ -22,7 +22,7 @@ from pgfleet.registry import Registry
 from pgfleet.worker import Worker, WorkerConfig
 
 if TYPE_CHECKING:
-    from pgfleet.db.bounded import AppPool
+    from pgfleet.db.deadlines import AppPool
 
 __all__ = ["RunStats", "drain", "make_job", "run_job"]
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from pgfleet import context
 from pgfleet._runtime.claimer import ClaimLoop
-from pgfleet._runtime.cron_runner import CronService
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.maintenance import Pruner, Rescuer, Vacuumer
@@ -21,11 +20,12 @@ from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet._runtime.services import Heartbeat, Identity, Periodic
 from pgfleet.config import WorkerConfig as WorkerConfig
 from pgfleet.cron import CronJob  # still importable from here
-from pgfleet.db.boundary import is_connection_error
-from pgfleet.db.bounded import AppPool, bounded
+from pgfleet.cron.runner import CronService
+from pgfleet.db.deadlines import AppPool, bounded
 from pgfleet.db.migrate import check_schema
-from pgfleet.db.pooler import LazyPool
 from pgfleet.db.store import Store
+from pgfleet.db.transaction_pooling import LazyPool
+from pgfleet.db.translate import is_connection_error
 from pgfleet.errors import InvalidOptions, SchemaNotReady
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job

@@ -146,7 +146,7 @@ async def measure(dsn: str, rounds: int) -> list[dict[str, Any]]:
     from aiohttp import web
 
     import pgfleet
-    from pgfleet.service.console import Console, ConsoleConfig
+    from pgfleet.service.console.app import Console, ConsoleConfig
 
     console = Console(ConsoleConfig(token=TOKEN))
     app = web.Application()

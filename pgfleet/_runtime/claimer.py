@@ -13,9 +13,9 @@ from typing import Any
 
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
-from pgfleet.db.boundary import is_connection_error, round_result
-from pgfleet.db.bounded import BoundedPool, Held
+from pgfleet.db.deadlines import BoundedPool, Held
 from pgfleet.db.store import Store
+from pgfleet.db.translate import is_connection_error, round_result
 from pgfleet.db.types import Record
 from pgfleet.errors import DatabaseUnavailable
 from pgfleet.events import WorkerEvents

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pgfleet.db import CHANNEL
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, Held
+from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, Held
 from pgfleet.db.store import Store
 
 log = logging.getLogger("pgfleet")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from pgfleet.db.pooler import behind_pooler, refuse_migrations, transaction_pooled
+from pgfleet.db.transaction_pooling import behind_pooler, refuse_migrations, transaction_pooled
 from pgfleet.errors import MigrationError, SchemaNotReady
 
 log = logging.getLogger("pgfleet")

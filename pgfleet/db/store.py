@@ -17,14 +17,14 @@ from datetime import datetime
 from typing import cast
 from uuid import UUID
 
-from pgfleet.db.boundary import (
+from pgfleet.db.console import CQ
+from pgfleet.db.queries import Q
+from pgfleet.db.translate import (
     is_connection_error,
     job_from_record,
     translate_errors,
     worker_from_record,
 )
-from pgfleet.db.console import CQ
-from pgfleet.db.queries import Q
 from pgfleet.db.types import Connection, Executor, Pool, Record
 from pgfleet.jobs import Job, JobKeyMode, JobStatus, WorkerInfo
 

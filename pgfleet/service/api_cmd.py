@@ -17,12 +17,12 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, AppPool, BoundedPool
-from pgfleet.db.pool import Pool
+from pgfleet.db.connect import Pool
+from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, AppPool, BoundedPool
 from pgfleet.errors import PgfleetError
 from pgfleet.queue import NotifyMode, Queue, create_pool
-from pgfleet.service import console_flags
 from pgfleet.service.apps import AppError, load_registry
+from pgfleet.service.console import flags as console_flags
 from pgfleet.service.flags import add_common
 from pgfleet.service.process import (
     NO_DATABASE,

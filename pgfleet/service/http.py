@@ -10,12 +10,12 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 from prometheus_client import CollectorRegistry
 
-from pgfleet.db.bounded import BoundedPool, DatabaseTimeout
+from pgfleet.db.deadlines import BoundedPool, DatabaseTimeout
 from pgfleet.db.migrate import check_schema
 from pgfleet.service.metrics import CONTENT_TYPE, QueueStats, render
 
 if TYPE_CHECKING:
-    from pgfleet.db.bounded import AppPool
+    from pgfleet.db.deadlines import AppPool
 
 log = logging.getLogger("pgfleet")
 

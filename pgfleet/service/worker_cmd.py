@@ -15,8 +15,8 @@ import sys
 from typing import Any
 
 from pgfleet.config import WorkerConfig
-from pgfleet.db.bounded import AppPool, BoundedPool, close_pool
-from pgfleet.db.pooler import connection_budget
+from pgfleet.db.deadlines import AppPool, BoundedPool, close_pool
+from pgfleet.db.transaction_pooling import connection_budget
 from pgfleet.errors import PgfleetError
 from pgfleet.queue import create_pool
 from pgfleet.registry import Registry

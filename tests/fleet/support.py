@@ -23,7 +23,7 @@ from tests.procs import free_port
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 RULES = DEPLOY / "rules"
-GRAFANA = ROOT / "grafana"
+GRAFANA = ROOT / "deploy" / "grafana"
 DASHBOARD = GRAFANA / "dashboards" / "pgfleet-fleet.json"
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "worker" / "Dockerfile"

@@ -354,12 +354,14 @@ def test_prometheus_loads_the_deploy_config_and_rules(services: dict[str, Any]) 
 def test_grafana_is_provisioned_from_the_repo(services: dict[str, Any]) -> None:
     grafana = services["grafana"]
     mounts = volume_mounts(grafana["volumes"])
-    assert mounts["./grafana/provisioning"] == "/etc/grafana/provisioning"
-    assert mounts["./grafana/dashboards"] == "/etc/grafana/dashboards"
-    provider = load_yaml(ROOT / "grafana/provisioning/dashboards/pgfleet.yml")["providers"][0]
+    assert mounts["./deploy/grafana/provisioning"] == "/etc/grafana/provisioning"
+    assert mounts["./deploy/grafana/dashboards"] == "/etc/grafana/dashboards"
+    provider = load_yaml(ROOT / "deploy/grafana/provisioning/dashboards/pgfleet.yml")["providers"][
+        0
+    ]
     assert provider["options"]["path"] == "/etc/grafana/dashboards"
     home = grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
-    assert (ROOT / "grafana/dashboards" / Path(home).name).is_file()
+    assert (ROOT / "deploy/grafana/dashboards" / Path(home).name).is_file()
 
 
 def test_locust_is_only_in_the_loadtest_profile(services: dict[str, Any]) -> None:

@@ -27,9 +27,9 @@ from pgfleet import (
     Worker,
     WorkerConfig,
 )
-from pgfleet._runtime.cron_runner import CronService, Outcome
-from pgfleet.db.bounded import AppPool
-from pgfleet.occurrences import latest_occurrence, next_occurrence
+from pgfleet.cron.occurrences import latest_occurrence, next_occurrence
+from pgfleet.cron.runner import CronService, Outcome
+from pgfleet.db.deadlines import AppPool
 from tests.apps import runtime_app
 from tests.integration.conftest import Recorder, running_worker
 

@@ -14,7 +14,7 @@ import pytest
 
 import pgfleet
 from pgfleet import Job, Registry, WorkerConfig
-from pgfleet.db.pooler import behind_pooler
+from pgfleet.db.transaction_pooling import behind_pooler
 from tests import pgbouncer
 from tests.integration.conftest import Recorder, running_worker
 

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from pgfleet import create_pool
-from pgfleet.db.pool import Pool
+from pgfleet.db.connect import Pool
 
 
 @pytest.fixture

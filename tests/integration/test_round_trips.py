@@ -11,8 +11,8 @@ import asyncpg
 
 from pgfleet import EnqueueRequest, Queue, Registry, Worker, WorkerConfig
 from pgfleet.db import Q
-from pgfleet.db.boundary import ROUND_COLUMNS
-from pgfleet.db.bounded import AppPool
+from pgfleet.db.deadlines import AppPool
+from pgfleet.db.translate import ROUND_COLUMNS
 from pgfleet.queue import create_pool
 from tests.helpers import job_count, listening, notifications_before_marker
 

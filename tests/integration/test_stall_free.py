@@ -27,7 +27,7 @@ from pgfleet import (
     Worker,
     WorkerConfig,
 )
-from pgfleet.db.bounded import BoundedPool, DatabaseTimeout, close_pool
+from pgfleet.db.deadlines import BoundedPool, DatabaseTimeout, close_pool
 from tests.chaos.proxy import ChaosProxy
 from tests.integration.conftest import FAST, Recorder, running_worker
 
@@ -358,7 +358,7 @@ async def test_a_pipelined_round_on_a_connection_lost_in_the_same_turn_is_a_lost
     first runs: asyncpg has then detached the proxy and handed the slot back. The
     round must fail as a lost connection (retried like any outage), never call the
     released proxy ("released back to the pool", the misuse the chaos suite flags)."""
-    from pgfleet.db.bounded import Held
+    from pgfleet.db.deadlines import Held
     from pgfleet.errors import DatabaseUnavailable
 
     registry = Registry()

@@ -19,7 +19,7 @@ from pgfleet import (
     WorkerEvents,
     create_pool,
 )
-from pgfleet._runtime.cron_runner import Outcome
+from pgfleet.cron.runner import Outcome
 from tests.apps import runtime_app
 from tests.helpers import Gate
 from tests.integration.conftest import FAST, Recorder

@@ -8,7 +8,7 @@ import pytest
 
 from pgfleet import NotifyMode
 from pgfleet.cli import build_parser
-from pgfleet.db.bounded import AppPool
+from pgfleet.db.deadlines import AppPool
 from pgfleet.service import api_cmd
 
 DSN = "postgresql://app@db:5432/app"

@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from pgfleet import CronJob, DailySchedule, JobStatus, MonthlySchedule
-from pgfleet.occurrences import next_occurrence
+from pgfleet.cron.describe import next_occurrences, parse_definition
+from pgfleet.cron.occurrences import next_occurrence
 from pgfleet.service.console.app import _safe_next
 from pgfleet.service.console.auth import Sessions
-from pgfleet.service.console.crontext import next_occurrences, parse_definition
 from pgfleet.service.console.data import JobFilter, id_floor
 from pgfleet.service.console.html import Markup, el, escape, join
 

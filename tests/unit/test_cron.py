@@ -34,14 +34,14 @@ from pgfleet import (
     Weekday,
     WorkerConfig,
 )
-from pgfleet._runtime.cron_runner import CronService
-from pgfleet.db.bounded import AppPool
-from pgfleet.occurrences import (
+from pgfleet.cron.occurrences import (
     due_occurrence,
     latest_occurrence,
     next_occurrence,
     previous_occurrence,
 )
+from pgfleet.cron.runner import CronService
+from pgfleet.db.deadlines import AppPool
 
 NY = "America/New_York"
 LONDON = "Europe/London"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pgfleet import Job, JobStatus
-from pgfleet.db.boundary import ROUND_COLUMNS, round_result
+from pgfleet.db.translate import ROUND_COLUMNS, round_result
 from pgfleet.jobs import make_job
 
 PACKAGE = Path(__file__).resolve().parents[2] / "pgfleet"

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from pgfleet import InvalidOptions, WorkerConfig
-from pgfleet.db.pooler import connection_budget
+from pgfleet.db.transaction_pooling import connection_budget
 from pgfleet.service import worker_cmd
 
 

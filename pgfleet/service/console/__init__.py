@@ -1,5 +1,5 @@
-"""The operator console served by ``pgfleet api`` under /ui (see app.py)."""
+"""The operator console served by ``pgfleet api`` under /ui (see app.py).
 
-from pgfleet.service.console.app import Console, ConsoleConfig
-
-__all__ = ["Console", "ConsoleConfig"]
+Nothing is imported here: ``flags`` (standard library only) is read by every
+``pgfleet`` command, and the rest needs the service extra (aiohttp).
+"""

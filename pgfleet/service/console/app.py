@@ -24,8 +24,9 @@ from uuid import UUID
 
 from aiohttp import web
 
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, BoundedPool
-from pgfleet.db.bounded import close_pool as close_bounded_pool
+from pgfleet.cron.describe import next_occurrences, parse_definition
+from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, BoundedPool
+from pgfleet.db.deadlines import close_pool as close_bounded_pool
 from pgfleet.errors import (
     DatabaseUnavailable,
     DuplicateJobKey,
@@ -47,7 +48,6 @@ from pgfleet.service.console.auth import (
     SESSION_COOKIE,
     Sessions,
 )
-from pgfleet.service.console.crontext import next_occurrences, parse_definition
 from pgfleet.service.console.data import ConsoleData, JobFilter
 from pgfleet.service.console.html import Markup
 from pgfleet.service.console.pages import BASE, Frame

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from uuid import UUID
 
-from pgfleet.db.bounded import AppPool
+from pgfleet.db.deadlines import AppPool
 from pgfleet.db.store import KindStats, Store
 from pgfleet.db.types import Record
 from pgfleet.jobs import JobStatus, WorkerInfo, validate_name

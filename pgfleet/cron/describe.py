@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from datetime import datetime, timedelta
 
-from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday
-from pgfleet.occurrences import next_occurrence
+from pgfleet.cron.occurrences import next_occurrence
+from pgfleet.cron.schedules import CronJob, DailySchedule, MonthlySchedule, Weekday
 
 _EVERY = re.compile(r"every (\d+)(?:\.(\d{1,6}))?s")
 _DAILY = re.compile(r"daily (\d\d):(\d\d)(?: on ([a-z,]+))? (\S+)")

@@ -21,17 +21,17 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from pgfleet._runtime.services import Periodic
-from pgfleet.cron import CronJob, seconds_text
-from pgfleet.db.bounded import AppPool
-from pgfleet.db.store import CronState, Store
-from pgfleet.errors import InvalidOptions, PayloadDecodeError
-from pgfleet.occurrences import (
+from pgfleet.cron.occurrences import (
     aware,
     due_occurrence,
     latest_occurrence,
     next_occurrence,
     previous_occurrence,
 )
+from pgfleet.cron.schedules import CronJob, seconds_text
+from pgfleet.db.deadlines import AppPool
+from pgfleet.db.store import CronState, Store
+from pgfleet.errors import InvalidOptions, PayloadDecodeError
 from pgfleet.payloads import encode_payload
 from pgfleet.queue import NotifyMode, Queue
 from pgfleet.registry import Registry

@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import asyncpg.pool
 
-from pgfleet.db.bounded import DEFAULT_DATABASE_TIMEOUT, tune_socket
+from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, tune_socket
 
 
 def _has_release_internals() -> bool:

@@ -14,8 +14,8 @@ import contextlib
 import logging
 from typing import Any
 
-from pgfleet.db.bounded import close_pool
-from pgfleet.db.pool import create_pool
+from pgfleet.db.connect import create_pool
+from pgfleet.db.deadlines import close_pool
 from pgfleet.errors import MigrationError
 
 log = logging.getLogger("pgfleet")

@@ -33,7 +33,7 @@ def build(args: argparse.Namespace, token: str | None, metrics_holder: Any) -> A
     """The Console for these flags, or None when it is off."""
     if not args.ui:
         return None
-    from pgfleet.service.console import Console, ConsoleConfig  # lazy: optional extra (aiohttp)
+    from pgfleet.service.console.app import Console, ConsoleConfig  # lazy: optional extra (aiohttp)
 
     config = ConsoleConfig(token=token, payloads=not args.ui_hide_payloads)
     return Console(config, metrics_holder=metrics_holder)

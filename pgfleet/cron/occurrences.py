@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from datetime import UTC, date, datetime, timedelta, tzinfo
 
-from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule
+from pgfleet.cron.schedules import CronJob, DailySchedule, MonthlySchedule
 from pgfleet.errors import InvalidOptions
 
 __all__ = [

@@ -9,8 +9,8 @@ exactly one worker, and a worker whose clock lags can never enqueue an occurrenc
 again. Time is the database's ``now()``.
 
 This module holds the public schedule types. Occurrences are pure functions of the
-schedule and a point in time, in :mod:`pgfleet.occurrences`; the worker's runner
-that hands them out is :mod:`pgfleet._runtime.cron_runner`. The rules:
+schedule and a point in time, in :mod:`pgfleet.cron.occurrences`; the worker's runner
+that hands them out is :mod:`pgfleet.cron.runner`. The rules:
 
 - Daily and monthly schedules are wall-clock times in UTC or an IANA time zone. A
   local time skipped by a forward daylight-saving transition moves forward by the
