@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import enum
 import logging
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
@@ -25,6 +24,7 @@ from pgfleet.jobs import (
     EnqueueRequest,
     Job,
     JobStatus,
+    NotifyMode,
     WorkerInfo,
     validate_name,
 )
@@ -33,23 +33,6 @@ from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 log = logging.getLogger("pgfleet")
 
 __all__ = ["DEFAULT_MAX_ATTEMPTS", "NotifyMode", "Queue", "create_pool"]
-
-
-class NotifyMode(enum.StrEnum):
-    """How enqueues wake workers. Notifications only affect latency, never whether
-    a job runs: every idle worker also polls."""
-
-    #: Default. At most one notifying statement per queue is in flight at a time,
-    #: so producers never queue on Postgres' commit-time notification lock: a
-    #: single enqueue that finds none in flight carries its NOTIFY in its own insert
-    #: (one round trip, one commit); enqueues that overlap it commit without one,
-    #: and one coalesced NOTIFY per burst follows them from a separate statement.
-    #: An enqueue inside the caller's transaction notifies within that transaction.
-    COALESCED = "coalesced"
-    #: Every enqueue transaction carries its own NOTIFY (at most one per transaction).
-    TRANSACTION = "transaction"
-    #: No notifications: workers find jobs by polling.
-    OFF = "off"
 
 
 class _Waker:
