@@ -181,16 +181,24 @@ class Enqueuer:
     # ------------------------------------------------------------ statements
 
     def single(
-        self, name: str, payload: Any, opts: EnqueueOptions, *, notify: bool
+        self,
+        name: str,
+        payload: Any,
+        opts: EnqueueOptions,
+        *,
+        notify: bool,
+        job_id: UUID | None = None,
     ) -> tuple[UUID, Statement]:
         """The id and the one statement of an enqueue without a job_key (``opts``
         from :meth:`options`; a keyed job goes through :meth:`batch`). ``notify``:
-        the statement wakes the workers when its transaction commits."""
+        the statement wakes the workers when its transaction commits. ``job_id``:
+        an id handed out before the job is written (Django's deferred enqueue)."""
         self.check_name(name)
         text = encode_payload(payload, self.max_payload_bytes)
         if self.check_payloads:
             self.check_payload(name, payload)
-        job_id = _ids.uuid7()
+        if job_id is None:
+            job_id = _ids.uuid7()
         if opts is DEFAULT_OPTIONS:
             query = Q.job_insert_plain_notify if notify else Q.job_insert_plain
             return job_id, Statement(query, (job_id, name, text, self.default_max_attempts))
