@@ -14,7 +14,8 @@ see it before the commit. ``TaskResult``\\ s are read back from the job
 pgfleet's schema, default ``"default"``), ``ENQUEUE_ON_COMMIT`` (write the job only
 once the transaction in progress commits, as the framework's pre-release setting of
 that name did; default False: the write joins the transaction instead),
-``MAX_ATTEMPTS`` (attempts per task, first included: 25), ``MODULES`` (modules to
+``MAX_ATTEMPTS`` (attempts per task, first included: 25), ``MAX_PAYLOAD_BYTES`` (of
+a task's encoded arguments: 1 MiB), ``MODULES`` (modules to
 import for their tasks besides each installed app's ``tasks`` module) and
 ``NOTIFY`` (``"coalesced"``, ``"transaction"`` or ``"off"``).
 """
@@ -47,6 +48,7 @@ from pgfleet.db import psycopg_driver
 from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS
 from pgfleet.errors import InvalidName, InvalidOptions
 from pgfleet.jobs import NAME_PATTERN, EnqueueOptions, Job, JobStatus, NotifyMode, validate_name
+from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 
 __all__ = ["TaskBackend", "job_name", "parse_job_name"]
 
@@ -92,6 +94,7 @@ class TaskBackend(BaseTaskBackend):  # type: ignore[misc]  # Django ships no ann
             "DATABASE",
             "ENQUEUE_ON_COMMIT",
             "MAX_ATTEMPTS",
+            "MAX_PAYLOAD_BYTES",
             "MODULES",
             "NOTIFY",
         }
@@ -105,6 +108,7 @@ class TaskBackend(BaseTaskBackend):  # type: ignore[misc]  # Django ships no ann
         self.producer = Producer(
             notify=options.get("NOTIFY", "coalesced"),
             default_max_attempts=options.get("MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS),
+            max_payload_bytes=options.get("MAX_PAYLOAD_BYTES", DEFAULT_MAX_PAYLOAD_BYTES),
         )
 
     # ------------------------------------------------------------ tasks
