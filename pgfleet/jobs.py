@@ -217,6 +217,9 @@ class Job:
     worker_id: UUID | None
     #: The token of the claim this copy was read under (internal: guards completion).
     lock_token: UUID | None = field(default=None, repr=False, compare=False)
+    #: The W3C trace context of the enqueue (JSON text), when a tracer was on: the
+    #: worker's span continues that trace.
+    trace_context: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:

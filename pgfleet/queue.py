@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any, NoReturn
 from uuid import UUID
 
+from pgfleet._runtime import tracing
 from pgfleet.db.connect import create_pool as create_pool  # public: pgfleet.create_pool
 from pgfleet.db.deadlines import AppPool
 from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Enqueuer, as_job_id
@@ -141,11 +142,23 @@ class Queue:
         """Enqueue one job and return its id (an existing job's id when its job_key
         deduplicates). With ``connection``, the job commits or rolls back with the
         caller's transaction."""
+        tracer = tracing.current_tracer()
+        if tracer is None:
+            return await self._enqueue(name, payload, options, connection, None)
+        with tracing.enqueue_span(tracer, str(name)) as trace:
+            return await self._enqueue(name, payload, options, connection, trace)
+
+    async def _enqueue(
+        self,
+        name: str,
+        payload: Any,
+        options: EnqueueOptions | None,
+        connection: Connection | None,
+        trace: str | None,
+    ) -> UUID:
         opts = self._enqueuer.options(options)
         if opts.job_key is not None:
-            ids = await self.enqueue_many(
-                [EnqueueRequest(name, payload, opts)], connection=connection
-            )
+            ids = await self._enqueue_many([EnqueueRequest(name, payload, opts)], connection, trace)
             return ids[0]
         wake_in_tx, wake_after = self._wake_plan(connection, opts.runs_now)
         # The coalesced wakeup of a lone enqueue rides in its own insert.
@@ -153,7 +166,9 @@ class Queue:
         if inline:
             wake_in_tx, wake_after = True, False
         try:
-            job_id, statement = self._enqueuer.single(name, payload, opts, notify=wake_in_tx)
+            job_id, statement = self._enqueuer.single(
+                name, payload, opts, notify=wake_in_tx, trace=trace
+            )
             store = self._store if connection is None else Store(connection)
             await store.enqueue_one(statement)
         finally:
@@ -174,12 +189,26 @@ class Queue:
         caller's transaction). A job_key repeated within the batch raises
         :class:`DuplicateJobKey` and nothing is inserted.
         """
+        tracer = tracing.current_tracer()
+        if tracer is None:
+            return await self._enqueue_many(requests, connection, None)
+        requests = list(requests)
+        name = tracing.batch_name(getattr(r, "name", "?") for r in requests)
+        with tracing.enqueue_span(tracer, str(name), len(requests)) as trace:
+            return await self._enqueue_many(requests, connection, trace)
+
+    async def _enqueue_many(
+        self,
+        requests: Iterable[EnqueueRequest],
+        connection: Connection | None,
+        trace: str | None,
+    ) -> list[UUID]:
         batch = self._enqueuer.batch(requests)
         if not batch.size:
             return []
         wake_in_tx, wake_after = self._wake_plan(connection, batch.any_runs_now)
         store = self._store if connection is None else Store(connection)
-        ids = await store.enqueue_batch(batch, notify=wake_in_tx)
+        ids = await store.enqueue_batch(batch, notify=wake_in_tx, trace=trace)
         if wake_after:
             self._waker.request()
         if self.on_enqueued is not None:

@@ -25,12 +25,15 @@ results), as a plan both producers run.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
+from pgfleet._runtime import tracing
 from pgfleet.db import psycopg_driver as driver
 from pgfleet.db.plans import (
     DEFAULT_MAX_ATTEMPTS,
@@ -78,14 +81,23 @@ class _Producing:
         )
 
     def _single(
-        self, name: str, payload: Any, options: EnqueueOptions | None
+        self, name: str, payload: Any, options: EnqueueOptions | None, trace: str | None = None
     ) -> tuple[UUID, Statement] | Batch:
         """The statement of one job, or (a keyed job) a batch of one."""
         opts = self._enqueuer.options(options)
         if opts.job_key is not None:
             return self._enqueuer.batch([EnqueueRequest(name, payload, opts)])
         notify = opts.runs_now and self.notify_mode is not NotifyMode.OFF
-        return self._enqueuer.single(name, payload, opts, notify=notify)
+        return self._enqueuer.single(name, payload, opts, notify=notify, trace=trace)
+
+    @staticmethod
+    def _span(name: str, count: int = 1) -> AbstractContextManager[str | None]:
+        """The enqueue's producer span (see pgfleet._runtime.tracing), yielding the
+        trace context to store; nothing while no tracer provider is installed."""
+        tracer = tracing.current_tracer()
+        if tracer is None:
+            return contextlib.nullcontext()
+        return tracing.enqueue_span(tracer, name, count)
 
     def _notifies(self, batch: Batch) -> bool:
         return batch.any_runs_now and self.notify_mode is not NotifyMode.OFF
@@ -109,12 +121,14 @@ class Producer(_Producing):
     ) -> UUID:
         """Enqueue one job on ``connection`` and return its id (an existing job's id
         when its job_key deduplicates)."""
-        plan = self._single(name, payload, options)
-        if isinstance(plan, Batch):
-            return driver.run_batch(connection, plan, notify=self._notifies(plan))[0]  # type: ignore[no-any-return]
-        job_id, statement = plan
-        driver.execute(connection, statement, driver.ENQUEUE)
-        return job_id
+        with self._span(str(name)) as trace:
+            plan = self._single(name, payload, options, trace)
+            if isinstance(plan, Batch):
+                ids = driver.run_batch(connection, plan, notify=self._notifies(plan), trace=trace)
+                return ids[0]  # type: ignore[no-any-return]
+            job_id, statement = plan
+            driver.run_statement(connection, statement, driver.ENQUEUE)
+            return job_id
 
     def enqueue_many(
         self, connection: psycopg.Connection[Any], requests: Iterable[EnqueueRequest]
@@ -124,12 +138,13 @@ class Producer(_Producing):
         batch = self._enqueuer.batch(requests)
         if not batch.size:
             return []
-        return driver.run_batch(connection, batch, notify=self._notifies(batch))
+        with self._span(tracing.batch_name(batch.names()), batch.size) as trace:
+            return driver.run_batch(connection, batch, notify=self._notifies(batch), trace=trace)
 
     def notify(self, connection: psycopg.Connection[Any]) -> None:
         """Wake the workers: when the connection's transaction commits, or at once
         on an autocommit connection (for jobs enqueued with ``notify="off"``)."""
-        driver.execute(connection, notify_statement(), driver.ENQUEUE)
+        driver.run_statement(connection, notify_statement(), driver.ENQUEUE)
 
     def get(self, connection: psycopg.Connection[Any], job_id: UUID | str) -> Job | None:
         """The job with that id, or None."""
@@ -152,13 +167,16 @@ class AsyncProducer(_Producing):
         *,
         options: EnqueueOptions | None = None,
     ) -> UUID:
-        plan = self._single(name, payload, options)
-        if isinstance(plan, Batch):
-            ids = await driver.arun_batch(connection, plan, notify=self._notifies(plan))
-            return ids[0]  # type: ignore[no-any-return]
-        job_id, statement = plan
-        await driver.aexecute(connection, statement, driver.ENQUEUE)
-        return job_id
+        with self._span(str(name)) as trace:
+            plan = self._single(name, payload, options, trace)
+            if isinstance(plan, Batch):
+                ids = await driver.arun_batch(
+                    connection, plan, notify=self._notifies(plan), trace=trace
+                )
+                return ids[0]  # type: ignore[no-any-return]
+            job_id, statement = plan
+            await driver.arun_statement(connection, statement, driver.ENQUEUE)
+            return job_id
 
     async def enqueue_many(
         self, connection: psycopg.AsyncConnection[Any], requests: Iterable[EnqueueRequest]
@@ -166,10 +184,13 @@ class AsyncProducer(_Producing):
         batch = self._enqueuer.batch(requests)
         if not batch.size:
             return []
-        return await driver.arun_batch(connection, batch, notify=self._notifies(batch))
+        with self._span(tracing.batch_name(batch.names()), batch.size) as trace:
+            return await driver.arun_batch(
+                connection, batch, notify=self._notifies(batch), trace=trace
+            )
 
     async def notify(self, connection: psycopg.AsyncConnection[Any]) -> None:
-        await driver.aexecute(connection, notify_statement(), driver.ENQUEUE)
+        await driver.arun_statement(connection, notify_statement(), driver.ENQUEUE)
 
     async def get(self, connection: psycopg.AsyncConnection[Any], job_id: UUID | str) -> Job | None:
         return await driver.arun(connection, get_steps(job_id), _GET)

@@ -28,72 +28,15 @@ from uuid import UUID
 
 import asyncpg
 import psycopg
-from sqlalchemy.engine import Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
-from sqlalchemy.orm import Session
 
+from pgfleet._runtime import tracing
 from pgfleet.contrib import psycopg as with_psycopg
 from pgfleet.db.plans import Batch
+from pgfleet.db.sqlalchemy_driver import AsyncBind, SyncBind, async_connection, sync_connection
 from pgfleet.db.store import Store
-from pgfleet.errors import InvalidOptions
 from pgfleet.jobs import EnqueueOptions, EnqueueRequest, Job
 
 __all__ = ["AsyncProducer", "Producer"]
-
-SyncBind = Session | Connection
-AsyncBind = AsyncSession | AsyncConnection
-
-
-def _sync_connection(bind: SyncBind) -> psycopg.Connection[Any]:
-    """The psycopg connection under ``bind``, its SQLAlchemy transaction begun."""
-    if isinstance(bind, Session):
-        conn = bind.connection()  # begins the session's transaction
-    elif isinstance(bind, Connection):
-        conn = bind
-        if not conn.in_transaction():
-            conn.begin()  # as the next statement would (autobegin)
-    else:
-        raise InvalidOptions(
-            f"expected a sqlalchemy Session or Connection, got {type(bind).__name__}"
-        )
-    raw = conn.connection.driver_connection
-    if not isinstance(raw, psycopg.Connection):
-        raise InvalidOptions(
-            "pgfleet.contrib.sqlalchemy needs the psycopg 3 dialect on the sync side "
-            f"(postgresql+psycopg://...); this engine's driver connection is {type(raw).__name__}"
-        )
-    return raw
-
-
-async def _async_connection(bind: AsyncBind) -> Any:
-    """The psycopg or asyncpg connection under ``bind``, inside the transaction
-    SQLAlchemy holds on it."""
-    if isinstance(bind, AsyncSession):
-        conn = await bind.connection()  # begins the session's transaction
-    elif isinstance(bind, AsyncConnection):
-        conn = bind
-        if not conn.in_transaction():
-            await conn.begin()
-    else:
-        raise InvalidOptions(
-            f"expected a sqlalchemy AsyncSession or AsyncConnection, got {type(bind).__name__}"
-        )
-    fairy = await conn.get_raw_connection()
-    raw = fairy.driver_connection
-    if isinstance(raw, asyncpg.Connection):
-        # SQLAlchemy's asyncpg adapter sends BEGIN with the transaction's first
-        # statement: one it sends (only when none has run yet) opens it, so that
-        # the job commits or rolls back with it.
-        adapter = fairy.dbapi_connection
-        if not raw.is_in_transaction() and getattr(adapter, "isolation_level", "") != "autocommit":
-            await conn.exec_driver_sql("SELECT 1")
-        return raw
-    if isinstance(raw, psycopg.AsyncConnection):
-        return raw
-    raise InvalidOptions(
-        "pgfleet.contrib.sqlalchemy needs the psycopg 3 or asyncpg dialect on the asyncio "
-        f"side; this engine's driver connection is {type(raw).__name__}"
-    )
 
 
 class Producer:
@@ -113,16 +56,16 @@ class Producer:
         *,
         options: EnqueueOptions | None = None,
     ) -> UUID:
-        return self._producer.enqueue(_sync_connection(bind), name, payload, options=options)
+        return self._producer.enqueue(sync_connection(bind), name, payload, options=options)
 
     def enqueue_many(self, bind: SyncBind, requests: Iterable[EnqueueRequest]) -> list[UUID]:
-        return self._producer.enqueue_many(_sync_connection(bind), requests)
+        return self._producer.enqueue_many(sync_connection(bind), requests)
 
     def get(self, bind: SyncBind, job_id: UUID | str) -> Job | None:
-        return self._producer.get(_sync_connection(bind), job_id)
+        return self._producer.get(sync_connection(bind), job_id)
 
     def cancel(self, bind: SyncBind, job_id: UUID | str) -> Job:
-        return self._producer.cancel(_sync_connection(bind), job_id)
+        return self._producer.cancel(sync_connection(bind), job_id)
 
 
 class AsyncProducer:
@@ -141,25 +84,25 @@ class AsyncProducer:
         *,
         options: EnqueueOptions | None = None,
     ) -> UUID:
-        raw = await _async_connection(bind)
+        raw = await async_connection(bind)
         if isinstance(raw, psycopg.AsyncConnection):
             return await self._psycopg.enqueue(raw, name, payload, options=options)
         return await self._asyncpg.enqueue(raw, name, payload, options=options)
 
     async def enqueue_many(self, bind: AsyncBind, requests: Iterable[EnqueueRequest]) -> list[UUID]:
-        raw = await _async_connection(bind)
+        raw = await async_connection(bind)
         if isinstance(raw, psycopg.AsyncConnection):
             return await self._psycopg.enqueue_many(raw, requests)
         return await self._asyncpg.enqueue_many(raw, requests)
 
     async def get(self, bind: AsyncBind, job_id: UUID | str) -> Job | None:
-        raw = await _async_connection(bind)
+        raw = await async_connection(bind)
         if isinstance(raw, psycopg.AsyncConnection):
             return await self._psycopg.get(raw, job_id)
         return await Store(raw).get(job_id)
 
     async def cancel(self, bind: AsyncBind, job_id: UUID | str) -> Job:
-        raw = await _async_connection(bind)
+        raw = await async_connection(bind)
         if isinstance(raw, psycopg.AsyncConnection):
             return await self._psycopg.cancel(raw, job_id)
         return await Store(raw).cancel(job_id)
@@ -172,13 +115,15 @@ class _AsyncpgProducer(with_psycopg._Producing):
     async def enqueue(
         self, conn: asyncpg.Connection, name: str, payload: Any, *, options: EnqueueOptions | None
     ) -> UUID:
-        plan = self._single(name, payload, options)
-        store = Store(conn)
-        if isinstance(plan, Batch):
-            return (await store.enqueue_batch(plan, notify=self._notifies(plan)))[0]
-        job_id, statement = plan
-        await store.enqueue_one(statement)
-        return job_id
+        with self._span(str(name)) as trace:
+            plan = self._single(name, payload, options, trace)
+            store = Store(conn)
+            if isinstance(plan, Batch):
+                ids = await store.enqueue_batch(plan, notify=self._notifies(plan), trace=trace)
+                return ids[0]
+            job_id, statement = plan
+            await store.enqueue_one(statement)
+            return job_id
 
     async def enqueue_many(
         self, conn: asyncpg.Connection, requests: Iterable[EnqueueRequest]
@@ -186,4 +131,5 @@ class _AsyncpgProducer(with_psycopg._Producing):
         batch = self._enqueuer.batch(requests)
         if not batch.size:
             return []
-        return await Store(conn).enqueue_batch(batch, notify=self._notifies(batch))
+        with self._span(tracing.batch_name(batch.names()), batch.size) as trace:
+            return await Store(conn).enqueue_batch(batch, notify=self._notifies(batch), trace=trace)

@@ -188,18 +188,20 @@ class Enqueuer:
         *,
         notify: bool,
         job_id: UUID | None = None,
+        trace: str | None = None,
     ) -> tuple[UUID, Statement]:
         """The id and the one statement of an enqueue without a job_key (``opts``
         from :meth:`options`; a keyed job goes through :meth:`batch`). ``notify``:
         the statement wakes the workers when its transaction commits. ``job_id``:
-        an id handed out before the job is written (Django's deferred enqueue)."""
+        an id handed out before the job is written (Django's deferred enqueue).
+        ``trace``: the enqueue's trace context (JSON text) to store with the job."""
         self.check_name(name)
         text = encode_payload(payload, self.max_payload_bytes)
         if self.check_payloads:
             self.check_payload(name, payload)
         if job_id is None:
             job_id = _ids.uuid7()
-        if opts is DEFAULT_OPTIONS:
+        if opts is DEFAULT_OPTIONS and trace is None:
             query = Q.job_insert_plain_notify if notify else Q.job_insert_plain
             return job_id, Statement(query, (job_id, name, text, self.default_max_attempts))
         query = Q.job_insert_notify if notify else Q.job_insert
@@ -214,6 +216,7 @@ class Enqueuer:
                 opts.queue_name,
                 opts.run_at,
                 opts.delay_seconds,
+                trace,
             ),
         )
 
@@ -320,30 +323,46 @@ class Batch:
         statements = bool(self._plain[0]) + bool(self._full) + len(self._keyed) + notify
         return statements > 1 or bool(self._keyed)
 
-    def steps(self, notify: bool) -> Steps[list[UUID]]:
+    def steps(self, notify: bool, trace: str | None = None) -> Steps[list[UUID]]:
         """The batch's statements, in order (see :data:`Steps`); ``notify`` adds
-        the wakeup, delivered when the transaction commits."""
+        the wakeup, delivered when the transaction commits; ``trace`` (the
+        enqueue's trace context, JSON text) is stored with every job."""
         plain_ids, plain_names, _ = self._plain
-        if plain_ids:
+        full = self._full
+        if plain_ids and trace is not None:  # only the general insert carries it
+            full = [*self._plain_rows(), *full]
+        elif plain_ids:
             yield Statement(
                 Q.job_insert_many_plain,
                 (plain_ids, plain_names, self._plain_json, self._enqueuer.default_max_attempts),
             )
-        if self._full:
+        if full:
             ids, names, payloads, priorities, attempts, queues, _, run_ats, delays = (
-                list(column) for column in zip(*self._full, strict=True)
+                list(column) for column in zip(*full, strict=True)
             )
             yield Statement(
                 Q.job_insert_many,
-                (ids, names, payloads, priorities, attempts, queues, run_ats, delays),
+                (ids, names, payloads, priorities, attempts, queues, run_ats, delays, trace),
             )
         for mode, rows in self._keyed.items():
-            yield from self._keyed_steps(mode, rows)
+            yield from self._keyed_steps(mode, rows, trace)
         if notify:
             yield notify_statement()
         return self.ids
 
-    def _keyed_steps(self, mode: JobKeyMode, rows: list[tuple[Any, ...]]) -> Steps[None]:
+    def _plain_rows(self) -> list[tuple[Any, ...]]:
+        """The default-options jobs as rows of the general insert."""
+        ids, names, _ = self._plain
+        texts = [json.dumps(p, separators=(",", ":")) for p in json.loads(self._plain_json)]
+        attempts = self._enqueuer.default_max_attempts
+        return [
+            (job_id, name, text, 0, attempts, None, None, None, 0.0)
+            for job_id, name, text in zip(ids, names, texts, strict=True)
+        ]
+
+    def _keyed_steps(
+        self, mode: JobKeyMode, rows: list[tuple[Any, ...]], trace: str | None
+    ) -> Steps[None]:
         """Insert or resolve every keyed row; the batch id of each becomes the id
         of the job that now holds its key."""
         pending = rows
@@ -354,7 +373,7 @@ class Batch:
             )
             inserted = yield Statement(
                 _KEYED_QUERY[mode],
-                (ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays),
+                (ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays, trace),
             )
             resolved.update((r[1], r[0]) for r in inserted or ())  # (id, job_key)
             missing = [row for row in pending if row[6] not in resolved]

@@ -140,7 +140,9 @@ async def _aanswer(cur: Any, shape: str) -> Any:
 # ---------------------------------------------------------------- sync
 
 
-def execute(conn: psycopg.Connection[Any], statement: Statement, errors: translate_psycopg) -> Any:
+def run_statement(
+    conn: psycopg.Connection[Any], statement: Statement, errors: translate_psycopg
+) -> Any:
     """Run one statement; what it returns follows its shape (see plans)."""
     shape = statement.query.shape
     with errors:
@@ -159,14 +161,16 @@ def run(conn: psycopg.Connection[Any], steps: Steps[T], errors: translate_psycop
     try:
         statement = next(steps)
         while True:
-            statement = steps.send(execute(conn, statement, errors))
+            statement = steps.send(run_statement(conn, statement, errors))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
-def run_batch(conn: psycopg.Connection[Any], batch: Batch, *, notify: bool) -> list[Any]:
+def run_batch(
+    conn: psycopg.Connection[Any], batch: Batch, *, notify: bool, trace: str | None = None
+) -> list[Any]:
     """Run an enqueue batch, atomically."""
-    steps = batch.steps(notify)
+    steps = batch.steps(notify, trace)
     if not (batch.atomic(notify) and _own_transaction(conn)):
         return run(conn, steps, ENQUEUE_MANY)
     with ENQUEUE_MANY, conn.transaction():
@@ -199,7 +203,7 @@ def migrate_sync(conn: psycopg.Connection[Any]) -> list[int]:
 # ---------------------------------------------------------------- async
 
 
-async def aexecute(
+async def arun_statement(
     conn: psycopg.AsyncConnection[Any], statement: Statement, errors: translate_psycopg
 ) -> Any:
     shape = statement.query.shape
@@ -218,15 +222,15 @@ async def arun(conn: psycopg.AsyncConnection[Any], steps: Steps[T], errors: tran
     try:
         statement = next(steps)
         while True:
-            statement = steps.send(await aexecute(conn, statement, errors))
+            statement = steps.send(await arun_statement(conn, statement, errors))
     except StopIteration as done:
         return done.value  # type: ignore[no-any-return]
 
 
 async def arun_batch(
-    conn: psycopg.AsyncConnection[Any], batch: Batch, *, notify: bool
+    conn: psycopg.AsyncConnection[Any], batch: Batch, *, notify: bool, trace: str | None = None
 ) -> list[Any]:
-    steps = batch.steps(notify)
+    steps = batch.steps(notify, trace)
     if not (batch.atomic(notify) and _own_transaction(conn)):
         return await arun(conn, steps, ENQUEUE_MANY)
     with ENQUEUE_MANY:

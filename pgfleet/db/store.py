@@ -200,15 +200,17 @@ class Store:
         with _ENQUEUE:
             await self.db.execute(statement.query.sql, *statement.args)
 
-    async def enqueue_batch(self, batch: Batch, *, notify: bool) -> list[UUID]:
+    async def enqueue_batch(
+        self, batch: Batch, *, notify: bool, trace: str | None = None
+    ) -> list[UUID]:
         """Run a batch's statements on one connection, in a transaction of their
         own when they need one (a savepoint inside the caller's); return the ids
         in request order."""
         async with self.acquire("enqueue_many") as bound:
             if not batch.atomic(notify):
-                return await bound.run_plan(batch.steps(notify), _ENQUEUE_MANY)
+                return await bound.run_plan(batch.steps(notify, trace), _ENQUEUE_MANY)
             async with bound.transaction("enqueue_many") as tx:
-                return await tx.run_plan(batch.steps(notify), _ENQUEUE_MANY)
+                return await tx.run_plan(batch.steps(notify, trace), _ENQUEUE_MANY)
 
     async def run_plan(self, steps: Steps[T], errors: translate_errors) -> T:
         """Run a plan of :mod:`pgfleet.db.plans` (statements that depend on the

@@ -139,7 +139,15 @@ def job_from_record(r: Record) -> Job:
         last_error=r["last_error"],
         worker_id=r["locked_by"],
         lock_token=r["lock_token"],
+        trace_context=_json_text(r["trace_context"]),
     )
+
+
+def _json_text(value: Any) -> str | None:
+    """A jsonb value as JSON text (asyncpg reads text, psycopg a parsed value)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
 
 
 _EPOCH_MIN = datetime.min.replace(tzinfo=UTC)
@@ -173,6 +181,7 @@ class _Stamps(dict[float, datetime]):
 ROUND_COLUMNS = (
     "claimed", "held", "id", "name", "payload", "attempt", "max_attempts", "priority",
     "queue_name", "job_key", "run_at", "created_at", "started_at", "last_error", "lock_token",
+    "trace_context",
 )  # fmt: skip
 
 
@@ -203,11 +212,11 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
     ahead: list[tuple[int, float, UUID, Job]] = []
     for row, payload in zip(claimed, values, strict=True):
         (_, held, id_, name, _, attempt, max_attempts, priority, queue_name, job_key,
-         run_at, created_at, started_at, last_error, token) = row  # fmt: skip
+         run_at, created_at, started_at, last_error, token, trace) = row  # fmt: skip
         job = make_job(
             id_, name, payload, running, attempt, max_attempts, priority, queue_name,
             job_key, stamps[run_at], stamps[created_at], stamps[started_at], None,
-            last_error, worker_id, token,
+            last_error, worker_id, token, trace,
         )  # fmt: skip
         if held:
             ahead.append((priority, run_at, id_, job))

@@ -160,7 +160,7 @@ class TaskBackend(BaseTaskBackend):  # type: ignore[misc]  # Django ships no ann
                 notify=self.producer.notify_mode is not NotifyMode.OFF,
                 job_id=job_id,
             )
-            psycopg_driver.execute(raw, statement, psycopg_driver.ENQUEUE)
+            psycopg_driver.run_statement(raw, statement, psycopg_driver.ENQUEUE)
             return job_id
 
     # ------------------------------------------------------------ results
