@@ -18,6 +18,7 @@ import statistics
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -117,8 +118,7 @@ async def main() -> None:
         out[key] = {"median": round(median), "runs": [round(v) for v in values]}
         print(f"{key:34s} {median:8.0f} jobs/s   runs {[round(v) for v in values]}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
+        await asyncio.to_thread(Path(args.json).write_text, json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
