@@ -36,13 +36,13 @@ test: venv ## run the test suite against a real PostgreSQL (see README: finding 
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: venv ## ruff (lint + format check) and mypy --strict on all Python in the repo
-	$(VENV)/bin/ruff check pgfleet tests tools worker loadtest
-	$(VENV)/bin/ruff format --check pgfleet tests tools worker loadtest
+	$(VENV)/bin/ruff check pgfleet tests tools worker loadtest examples
+	$(VENV)/bin/ruff format --check pgfleet tests tools worker loadtest examples
 	$(VENV)/bin/mypy
 
 format: venv ## apply ruff's formatting and safe fixes
-	$(VENV)/bin/ruff format pgfleet tests tools worker loadtest
-	$(VENV)/bin/ruff check --fix pgfleet tests tools worker loadtest
+	$(VENV)/bin/ruff format pgfleet tests tools worker loadtest examples
+	$(VENV)/bin/ruff check --fix pgfleet tests tools worker loadtest examples
 
 bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
 	mkdir -p bench-results

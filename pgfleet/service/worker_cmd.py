@@ -90,10 +90,12 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
     return worker_config(args)
 
 
-async def serve(args: argparse.Namespace) -> int:
-    """Run one worker process until signalled. Returns the exit code."""
+async def serve(args: argparse.Namespace, registry: Registry | None = None) -> int:
+    """Run one worker process until signalled. Returns the exit code. ``registry``:
+    served instead of ``--app``'s (Django's ``manage.py pgfleet_worker``)."""
     config = build_config(args)
-    registry = load_registry(args.app)
+    if registry is None:
+        registry = load_registry(args.app)
     crons = load_crons(args.crons)
     pool_size = pool_size_of(args, config)
     stopper = Stopper()
