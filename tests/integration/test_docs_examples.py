@@ -176,9 +176,21 @@ def test_the_handler_tests_pass(database: str) -> None:
 
 async def test_crons_validate_and_run(pool: asyncpg.Pool) -> None:
     module = import_file(SNIPPETS / "crons.py")
-    stats = await pgfleet.Worker(pool, module.registry, crons=module.crons).run(burst=True)
-    # The monthly schedule catches up at once: its latest occurrence runs.
-    assert stats.by_name.get("rebuild_reference_data") == {"succeeded": 1}
+    stop = asyncio.Event()
+    worker = pgfleet.Worker(pool, module.registry, crons=module.crons)
+    running = asyncio.create_task(worker.run(shutdown=stop.wait()))
+    try:
+        # The monthly schedule catches up when first recorded: its latest occurrence runs.
+        async def caught_up() -> bool:
+            status = await pool.fetchval(
+                "SELECT status::text FROM pgfleet.jobs WHERE name = 'rebuild_reference_data'"
+            )
+            return bool(status == "succeeded")
+
+        await until(caught_up, 60, "the catch-up occurrence to run")
+    finally:
+        stop.set()
+        await running
     assert await pool.fetchval("SELECT count(*) FROM pgfleet.crons") == 3
 
 
