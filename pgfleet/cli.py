@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 
+from pgfleet._version import __version__
 from pgfleet.db.migrate import migrate, migration_script
 from pgfleet.db.transaction_pooling import dsn_transaction_pooled, refuse_migrations
 from pgfleet.errors import PgfleetError
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgfleet", description="Durable PostgreSQL-backed background jobs."
     )
+    parser.add_argument("--version", action="version", version=f"pgfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     migrate_cmd = sub.add_parser("migrate", help="create or upgrade the pgfleet schema")
     add_dsn(migrate_cmd)

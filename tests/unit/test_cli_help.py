@@ -55,3 +55,12 @@ def test_the_catch_finds_a_foreign_flag() -> None:
     assert [f for f in _FLAG.findall("LISTEN only on --listen-dsn") if f not in own] == [
         "--listen-dsn"
     ]
+
+
+def test_version_names_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from pgfleet import __version__
+
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pgfleet {__version__}"
