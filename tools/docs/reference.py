@@ -96,24 +96,24 @@ def render_configuration() -> str:
         "Durations are seconds (int or float) or a `timedelta`; a bad value raises "
         "`InvalidOptions` naming the field, and `pgfleet worker` exits 2 with that message.",
         "",
-        "| field | default | flag | variable | meaning |",
-        "|---|---|---|---|---|",
+        "| field, flag, variable | default | meaning |",
+        "|---|---|---|",
     ]
     for field in dataclasses.fields(WorkerConfig):
         option = OPTIONS_BY_FIELD.get(field.name)
-        flag = _code(option.flag) if option else "library only"
-        variable = _code(option.variable) if option else ""
-        if option is not None and option.deprecated is not None:
-            flag += f" (was `{option.deprecated[0]}`)"
+        names = [f"`{field.name}`"]
+        if option is None:
+            names.append("(library only)")
+        else:
+            names += [_code(option.flag), _code(option.variable)]
+            if option.deprecated is not None:
+                names.append(f"(was `{option.deprecated[0]}`)")
         meaning = comments.get(field.name) or (option.help if option else "")
         meaning = meaning.replace("``", "`")
         if option is not None and option.kind in ("seconds-or-off", "days-or-off"):
             unit = "days" if option.kind == "days-or-off" else "seconds"
             meaning += f" The flag takes {unit}; 0 means `None`."
-        lines.append(
-            f"| `{field.name}` | `{_default_text(field)}` | {flag} | {variable} "
-            f"| {_cell(meaning)} |"
-        )
+        lines.append(f"| {'<br>'.join(names)} | `{_default_text(field)}` | {_cell(meaning)} |")
     lines += [
         "",
         "## Every environment variable",
