@@ -32,7 +32,7 @@ $(VENV)/.fleet-installed: pyproject.toml
 
 venv: $(VENV)/.installed ## create .venv with everything the tests need
 
-test: venv ## run the test suite against a real PostgreSQL (see README: finding Postgres)
+test: venv ## run the test suite against a real PostgreSQL (CONTRIBUTING.md: Tests)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: venv ## unit and integration tests on one event loop (a few minutes): the loop to run while working
@@ -58,7 +58,7 @@ docs-generate: venv ## regenerate docs/reference/ (options, CLI, HTTP API, metri
 	$(PY) -m tools.docs
 
 dist: venv ## build the sdist and the wheel into dist/
-	$(PY) -m build --sdist --wheel --outdir dist
+	$(PY) -m build --outdir dist
 
 release-check: venv ## build, install the wheel with its extras into a new venv, and run a migration and a job from it
 	$(PY) -m tools.release_check

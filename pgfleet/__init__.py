@@ -1,6 +1,6 @@
 """pgfleet: durable PostgreSQL-backed background jobs for Python asyncio.
 
-Delivery is at-least-once: make handlers idempotent (see the README).
+Delivery is at-least-once: make handlers idempotent (see the documentation: Delivery guarantees).
 """
 
 from pgfleet._runtime.outcomes import RunStats

@@ -55,7 +55,8 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> str
 
 def build(out: Path) -> tuple[Path, Path]:
     step("building the sdist and the wheel")
-    run([sys.executable, "-m", "build", "--sdist", "--wheel", "--outdir", str(out)], cwd=ROOT)
+    # The sdist first, then the wheel built from it: a file the sdist lacks fails here.
+    run([sys.executable, "-m", "build", "--outdir", str(out)], cwd=ROOT)
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     sdist = out / f"pgfleet-{version}.tar.gz"
     wheel = out / f"pgfleet-{version}-py3-none-any.whl"
