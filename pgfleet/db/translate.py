@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from pgfleet.errors import (
+    DatabaseRefused,
     DatabaseUnavailable,
     DuplicateJobKey,
     SchemaNotReady,
@@ -41,6 +42,26 @@ _MISSING_SCHEMA: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedObjectError,
     asyncpg.exceptions.UndefinedFunctionError,
 )
+
+
+#: The server answered, but refused the login: no such database or role, or a wrong
+#: password. Not an outage: retrying cannot help until the configuration changes.
+_LOGIN_REFUSED: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InvalidCatalogNameError,
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+    asyncpg.exceptions.InvalidPasswordError,
+)
+
+
+def login_refused(exc: BaseException, where: str = "") -> DatabaseRefused | None:
+    """The library's error for a refused login (``where``: the server, named in the
+    message), or None when ``exc`` is something else."""
+    if isinstance(exc, DatabaseRefused):
+        return exc
+    if not isinstance(exc, _LOGIN_REFUSED):
+        return None
+    at = f" at {where}" if where else ""
+    return DatabaseRefused(f"cannot connect to the database{at}: {exc}")
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -81,6 +102,8 @@ def _translate(exc: BaseException, what: str) -> None:
         return
     if isinstance(exc, asyncpg.exceptions.CheckViolationError):
         raise check_failed(what, exc.message, exc.constraint_name) from None
+    if isinstance(exc, _LOGIN_REFUSED):
+        raise DatabaseRefused(f"{what}: cannot connect to the database: {exc}") from None
     if isinstance(exc, _MISSING_SCHEMA):
         raise schema_not_ready(what, exc) from None
     if isinstance(exc, _UNAVAILABLE):

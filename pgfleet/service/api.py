@@ -45,6 +45,7 @@ from pgfleet.service.api_schema import (
     parse_list_query,
 )
 from pgfleet.service.http import database_ready
+from pgfleet.service.openapi import openapi_document
 from pgfleet.service.views import job_view
 
 log = logging.getLogger("pgfleet")
@@ -129,6 +130,9 @@ class JobsApi:
             None if config.auth_token is None else _digest(config.auth_token.encode("utf-8"))
         )
         self._retry_after = {"Retry-After": str(config.retry_after)}
+        # The document of this API as configured: its limits, strict mode's names,
+        # whether a token is needed.
+        self._openapi = openapi_document(self._limits, bearer_auth=config.auth_token is not None)
 
     @property
     def in_flight(self) -> int:
@@ -145,6 +149,7 @@ class JobsApi:
         app.router.add_post("/jobs/{id}/retry", self.retry_job)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/openapi.json", self.openapi)
         return app
 
     async def drain(self, timeout: float) -> bool:
@@ -305,6 +310,9 @@ class JobsApi:
 
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    async def openapi(self, _request: web.Request) -> web.Response:
+        return web.json_response(self._openapi)
 
     async def readyz(self, _request: web.Request) -> web.Response:
         if self.draining:

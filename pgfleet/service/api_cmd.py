@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgfleet.db.connect import Pool
 from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, AppPool, BoundedPool
-from pgfleet.errors import PgfleetError
+from pgfleet.errors import PgfleetError, ValidationError
 from pgfleet.queue import NotifyMode, Queue, create_pool
 from pgfleet.service.apps import AppError, load_registry
 from pgfleet.service.console import flags as console_flags
@@ -27,6 +27,7 @@ from pgfleet.service.flags import add_common
 from pgfleet.service.process import (
     NO_DATABASE,
     Stopper,
+    UsageError,
     catch_early_signals,
     configure_logging,
     env_default,
@@ -131,7 +132,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--app",
         default=env_default("APP"),
-        help="the Registry whose job names --strict accepts, as module:attribute [PGFLEET_APP]",
+        help="the application's Registry, as module:attribute [PGFLEET_APP]: payloads that "
+        "do not decode into their handler's declared type are refused with 422 "
+        "(--no-payload-check turns that off), --strict refuses job names it has no "
+        "handler for, and the queue gauges list its job names",
     )
     parser.add_argument(
         "--notify",
@@ -166,8 +170,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     """Validate and convert every option, or exit with a message naming it."""
 
-    def fail(message: str) -> SystemExit:
-        return SystemExit(f"pgfleet api: {message}")
+    def fail(message: str) -> UsageError:
+        return UsageError(f"pgfleet api: {message}")
 
     if not args.dsn:
         raise fail(NO_DATABASE)
@@ -320,10 +324,12 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
     except (PgfleetError, AppError) as exc:
-        raise SystemExit(f"pgfleet api: {exc}") from None
+        raise UsageError(f"pgfleet api: {exc}") from None
     loop_name = install_uvloop()
     log.info("pgfleet api starting on %s (notify: %s)", loop_name, args.notify)
     try:
         return asyncio.run(serve(args, config))
+    except (ValidationError, AppError) as exc:  # found once the loop runs (e.g. job names)
+        raise UsageError(f"pgfleet api: {exc}") from None
     except (PgfleetError, PortInUse) as exc:
         raise SystemExit(f"pgfleet api: {exc}") from None

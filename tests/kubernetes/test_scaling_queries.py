@@ -109,7 +109,7 @@ async def test_trigger_queries_return_the_known_backlog(pool: asyncpg.Pool) -> N
 
 
 def for_kinds(query: str, kinds: list[str]) -> str:
-    """The README's edit for a Deployment serving only some kinds: after every
+    """docs/operations/kubernetes.md's edit for a Deployment serving only some kinds: after every
     status condition, AND name = ANY ('{...}'::text[])."""
     literal = "'{" + ",".join(kinds) + "}'::text[]"
     edited, n = re.subn(
