@@ -12,6 +12,7 @@ from pgfleet.testing import drain
 from tests.apps import runtime_app
 from tests.helpers import put_in_state, register_worker
 from tests.integration.conftest import FAST, Recorder, running_worker
+from tools.devkit import until
 
 
 async def test_the_leader_prunes_old_finished_jobs_in_batches(pool: asyncpg.Pool) -> None:
@@ -81,11 +82,39 @@ async def test_rescue_requeues_or_buries_jobs_of_expired_workers(pool: asyncpg.P
     await leader.heartbeat.deregister()
 
 
+async def drain_on_own_pool(dsn: str, registry: Registry) -> None:
+    """``drain`` on connections that close afterwards (their backends report their
+    statistics as they exit)."""
+    own = await asyncpg.create_pool(dsn, min_size=1, max_size=5)
+    try:
+        await drain(own, registry)
+    finally:
+        await own.close()
+
+
+async def dead_tuples_reported(pool: asyncpg.Pool, at_least: int) -> None:
+    """Wait until the statistics show the drain's dead tuples, which the vacuumer
+    decides from. A backend reports its counts when it exits, or when idle at most
+    once a second and up to 10 s later on a busy server: the drains below run on a
+    pool of their own, closed before this wait, so it is short."""
+
+    async def reported() -> bool:
+        dead = await pool.fetchval(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
+        )
+        return bool(dead is not None and dead >= at_least)
+
+    await until(reported, timeout=30, what=f"{at_least} dead tuples in pg_stat_user_tables")
+
+
 @pytest.mark.parametrize("mode", ["always", "never"])
-async def test_the_leader_vacuums_the_jobs_table(pool: asyncpg.Pool, mode: str) -> None:
+async def test_the_leader_vacuums_the_jobs_table(
+    pool: asyncpg.Pool, database: str, mode: str
+) -> None:
     queue = Queue(pool)
     await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(300)])
-    await drain(pool, runtime_app.registry)
+    await drain_on_own_pool(database, runtime_app.registry)
+    await dead_tuples_reported(pool, 300)
     worker = Worker(
         pool,
         runtime_app.registry,
@@ -104,12 +133,15 @@ async def test_the_leader_vacuums_the_jobs_table(pool: asyncpg.Pool, mode: str) 
     await worker.heartbeat.deregister()
 
 
-async def test_vacuum_auto_leaves_tables_that_autovacuum_covers(pool: asyncpg.Pool) -> None:
+async def test_vacuum_auto_leaves_tables_that_autovacuum_covers(
+    pool: asyncpg.Pool, database: str
+) -> None:
     await pool.execute("ALTER TABLE pgfleet.jobs SET (autovacuum_enabled = true)")
     autovacuum_on = await pool.fetchval("SELECT current_setting('autovacuum')::boolean")
     queue = Queue(pool)
     await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(300)])
-    await drain(pool, runtime_app.registry)
+    await drain_on_own_pool(database, runtime_app.registry)
+    await dead_tuples_reported(pool, 300)
     worker = Worker(pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=0, **FAST))
     await worker.heartbeat.run_once()
     vacuumed = await worker.vacuumer.vacuum_if_needed()
