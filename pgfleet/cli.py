@@ -20,7 +20,7 @@ import asyncpg
 from pgfleet.db.migrate import migrate, migration_script
 from pgfleet.db.transaction_pooling import dsn_transaction_pooled, refuse_migrations
 from pgfleet.errors import PgfleetError
-from pgfleet.service import api_cmd, jobs_cmd, worker_cmd
+from pgfleet.service import api_cmd, credentials_cmd, jobs_cmd, worker_cmd
 from pgfleet.service.flags import add_dsn
 from pgfleet.service.process import check_dsn
 
@@ -52,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     api_cmd.add_arguments(api)
     jobs = sub.add_parser("jobs", help="list, inspect, cancel and retry jobs (for operators)")
     jobs_cmd.add_arguments(jobs)
+    creds = sub.add_parser(
+        "credentials", help="make, revoke and list the jobs API's credentials (for operators)"
+    )
+    credentials_cmd.add_arguments(creds)
     # Handled before parsing (see _bench): the suites' own parser reads the options.
     sub.add_parser(
         "bench",
@@ -117,5 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(api_cmd.main(args))
         elif args.command == "jobs":
             raise SystemExit(jobs_cmd.main(args))
+        elif args.command == "credentials":
+            raise SystemExit(credentials_cmd.main(args))
     except PgfleetError as exc:
         raise SystemExit(f"pgfleet: {exc}") from None
