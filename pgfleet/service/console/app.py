@@ -287,16 +287,21 @@ class Console:
     ) -> Visit:
         """The visit with its session, or a redirect to the login form (a page) or
         a refusal (an action, or a role that does not allow ``access``)."""
-        session = await self._sessions.find(request.cookies.get(SESSION_COOKIE))
+        cookie = request.cookies.get(SESSION_COOKIE)
+        session = await self._sessions.find(cookie)
         if session is None:
+            if cookie:
+                # Ended (logged out, expired, idle, revoked): 401 and the login form.
+                response = self._login_response(
+                    request, "Your session has ended: sign in again.", 401, request.path_qs
+                )
+                response.del_cookie(SESSION_COOKIE, path=COOKIE_PATH)
+                raise _Redirect(response)
             if action:
                 raise Refused(
                     403, "Not signed in", "Sign in first: this request had no valid session."
                 )
-            response = _redirect(pages.url(f"{BASE}/login", next=request.path_qs))
-            if SESSION_COOKIE in request.cookies:  # ended: logged out, expired, revoked
-                response.del_cookie(SESSION_COOKIE, path=COOKIE_PATH)
-            raise _Redirect(response)
+            raise _Redirect(_redirect(pages.url(f"{BASE}/login", next=request.path_qs)))
         visit = Visit(visit.peer, session)
         self.gate.authorize(session.credential, access, visit.peer, request.path)
         return visit
@@ -377,9 +382,11 @@ class Console:
     async def login_form(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         return self._login_response(request, None, 200)
 
-    def _login_response(self, request: web.Request, error: str | None, status: int) -> web.Response:
+    def _login_response(
+        self, request: web.Request, error: str | None, status: int, next_path: str | None = None
+    ) -> web.Response:
         nonce = login_nonce()
-        next_path = _safe_next(request.query.get("next"))
+        next_path = _safe_next(next_path or request.query.get("next"))
         response = self._html(pages.login_page(nonce, next_path, error), status)
         self._cookie(response, request, LOGIN_COOKIE, nonce, LOGIN_LIFETIME)
         return response
@@ -611,7 +618,7 @@ class Console:
 
 
 class _Redirect(Exception):
-    """Answer with this redirect instead (the login form, for a page without a session)."""
+    """Answer with this instead: the login form, or a redirect to it."""
 
     def __init__(self, response: web.Response) -> None:
         super().__init__(response.headers.get("Location", ""))
