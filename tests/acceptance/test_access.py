@@ -16,6 +16,7 @@ from typing import Any
 import aiohttp
 import asyncpg
 import pytest
+from yarl import URL
 
 from pgfleet import Queue
 from pgfleet.service.credentials import new_token
@@ -265,7 +266,7 @@ async def test_a_logged_out_session_is_refused_at_once_on_every_replica(
     second = await fleet.api(env=ENV)
     async with browser() as http:
         assert (await login(http, first.url, OPERATOR)).status == 303
-        cookie = http.cookie_jar.filter_cookies(aiohttp.client.URL(first.url + "/ui/"))
+        cookie = http.cookie_jar.filter_cookies(URL(first.url + "/ui/"))
         old = {"Cookie": f"pgfleet_console={cookie['pgfleet_console'].value}"}
         # Replicas share sessions (a load balancer may send the next request anywhere).
         async with (
