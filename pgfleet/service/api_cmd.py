@@ -371,6 +371,7 @@ async def serve(args: argparse.Namespace, config: ApiConfig) -> int:
     from pgfleet.service.api import ApiMetrics, JobsApi  # lazy: optional extra (aiohttp)
     from pgfleet.service.http import Server, metrics_server  # lazy: optional extra (aiohttp)
     from pgfleet.service.metrics import (  # lazy: optional extra (prometheus_client)
+        NameLabels,
         ProcessMetrics,
         QueueStats,
     )
@@ -387,12 +388,13 @@ async def serve(args: argparse.Namespace, config: ApiConfig) -> int:
     )
     registry = CollectorRegistry()
     queue = make_queue(pool, args, config)
-    queue.on_enqueued = ProcessMetrics(registry, worker=False).count_enqueued
     # The API competes for the fleet's metrics lease too: the backlog gauges keep
     # coming while every worker is down, which is when they matter most.
     names: Any = config.known_names
     if names is None and args.app:
         names = load_registry(args.app).names()
+    labels = NameLabels(known=names or ())
+    queue.on_enqueued = ProcessMetrics(registry, worker=False, names=labels).count_enqueued
     stats = QueueStats(BoundedPool(pool, args.database_timeout), names or ())
     registry.register(stats)
     # Behind a transaction-mode PgBouncer LISTEN cannot work: every check asks.

@@ -208,3 +208,20 @@ def test_a_redaction_hook_runs_after_the_fields() -> None:
     assert Redactor((), lambda name, p: "hidden").payload("j", {"a": 1}) == "hidden"
     with pytest.raises(TypeError, match="redact-hook"):
         Redactor((), 42)
+
+
+def test_job_name_labels_are_bounded_and_known_names_always_fit() -> None:
+    from pgfleet.service.metrics import OTHER, NameLabels
+
+    labels = NameLabels(2, known=("mine",))
+    assert [labels(n) for n in ("a", "mine", "b", "c", "a", "mine")] == [
+        "a",
+        "mine",
+        "b",
+        OTHER,
+        "a",
+        "mine",
+    ]
+    assert labels.overflowed
+    unbounded = NameLabels(0)
+    assert all(unbounded(str(i)) == str(i) for i in range(500))
