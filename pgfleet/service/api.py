@@ -49,6 +49,7 @@ from pgfleet.service.api_schema import (
 from pgfleet.service.credentials import ANONYMOUS, Access, Credential, access_of, requires
 from pgfleet.service.guard import Peer
 from pgfleet.service.http import database_ready
+from pgfleet.service.openapi import openapi_document
 from pgfleet.service.redaction import Redactor
 from pgfleet.service.views import job_view
 
@@ -149,6 +150,9 @@ class JobsApi:
         self._idle.set()
         self._retry_after = {"Retry-After": str(config.retry_after)}
         self._unready: str | None = None
+        # The document of this API as configured: its limits, strict mode's names,
+        # whether credentials are needed.
+        self._openapi = openapi_document(self._limits, bearer_auth=config.access.auth)
 
     @property
     def in_flight(self) -> int:
@@ -167,6 +171,7 @@ class JobsApi:
         app.router.add_post("/jobs/{id}/retry", self.retry_job)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
+        app.router.add_get("/openapi.json", self.openapi)
         app.on_startup.append(_check_on_startup)
         return app
 
@@ -333,6 +338,10 @@ class JobsApi:
     @requires(Access.PUBLIC)
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
+
+    @requires(Access.PUBLIC)
+    async def openapi(self, _request: web.Request) -> web.Response:
+        return web.json_response(self._openapi)
 
     @requires(Access.PUBLIC)
     async def readyz(self, _request: web.Request) -> web.Response:

@@ -1,0 +1,521 @@
+"""The HTTP jobs API as an OpenAPI 3.1 document, built from the code that serves it.
+
+``pgfleet api`` serves it at ``GET /openapi.json`` (reflecting its own limits,
+strict mode and authentication), so clients can be generated and tools can test
+the API against it; the documentation's HTTP reference is generated from it.
+
+What the request schemas say comes from the request parser's own tables
+(:mod:`pgfleet.service.api_schema`: the body's fields, the options and their JSON
+types, the query parameters) and from the library's limits (name pattern,
+priority and attempt ranges, job key length, statuses and key modes): an option
+added to the parser without a schema here makes :func:`openapi_document` fail,
+and ``tests/unit/test_openapi.py`` fails on a route served but not documented.
+
+Standard library and pgfleet's own leaf modules only: no aiohttp.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pgfleet._version import __version__
+from pgfleet.jobs import (
+    MAX_ATTEMPTS_LIMIT,
+    MAX_DELAY_SECONDS,
+    MAX_JOB_KEY_LENGTH,
+    NAME_PATTERN,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    JobKeyMode,
+    JobStatus,
+)
+from pgfleet.service.api_schema import (
+    DEFAULT_LIST_LIMIT,
+    JOB_FIELDS,
+    LIST_PARAMS,
+    MAX_LIST_LIMIT,
+    OPTION_FIELDS,
+    Limits,
+)
+
+__all__ = ["OPENAPI_VERSION", "openapi_document"]
+
+OPENAPI_VERSION = "3.1.0"
+
+_JSON = "application/json"
+_REF = "#/components/schemas/"
+
+_DESCRIPTION = """\
+The HTTP jobs API of pgfleet (`pgfleet api`), backed by the durable queue in
+PostgreSQL. A `202 Accepted` comes after the enqueue committed: the job survives
+this process, the workers and the database restarting. Every refusal (4xx, 503)
+happens before anything is written, with a JSON body `{"error": ..., "detail": ...}`
+naming the problem.
+
+When the API was started with a token (`--auth-token`, `PGFLEET_API_TOKEN`), every
+`/jobs` request needs `Authorization: Bearer <token>`. The operator console under
+`/ui/` (HTML for people) and the metrics port's `/metrics` are not part of this API.
+"""
+
+_NAME = {
+    "type": "string",
+    "pattern": f"^{NAME_PATTERN.pattern}$",
+    "description": "1-128 letters, digits, '_', '-', '.' or ':'.",
+    "examples": ["send_email"],
+}
+
+_TIME = {"type": "string", "format": "date-time"}
+
+# One schema per enqueue option, keyed by the parser's own option names: an option
+# the parser accepts and this table lacks fails the document's construction.
+# ``null`` is accepted for each and means "the default".
+_OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
+    "run_at": {
+        "type": ["string", "null"],
+        "format": "date-time",
+        "description": "Run no earlier than this RFC 3339 date-time (with an offset). "
+        "Not with delay.",
+    },
+    "delay": {
+        "type": ["number", "null"],
+        "minimum": 0,
+        "maximum": MAX_DELAY_SECONDS,
+        "description": "Run no earlier than this many seconds from now (database clock). "
+        "Not with run_at.",
+    },
+    "priority": {
+        "type": ["integer", "null"],
+        "minimum": PRIORITY_MIN,
+        "maximum": PRIORITY_MAX,
+        "description": "Lower runs first (default 0).",
+    },
+    "max_attempts": {
+        "type": ["integer", "null"],
+        "minimum": 1,
+        "maximum": MAX_ATTEMPTS_LIMIT,
+        "description": "Attempts including the first (default 25).",
+    },
+    "queue_name": {
+        "type": ["string", "null"],
+        "pattern": _NAME["pattern"],
+        "description": "At most one running job per queue name across the fleet.",
+    },
+    "job_key": {
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": MAX_JOB_KEY_LENGTH,
+        "description": "At most one queued-or-running job per key; "
+        "a key may appear once per batch.",
+    },
+    "job_key_mode": {
+        "type": ["string", "null"],
+        "enum": [*(m.value for m in JobKeyMode), None],
+        "description": "What an enqueue does when its key is held: dedupe (keep the "
+        "existing job), replace (overwrite a queued job, run_at included), "
+        "preserve_run_at (overwrite payload and options, keep run_at).",
+    },
+}
+
+_JOB_FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "name": {"$ref": _REF + "JobName"},
+    "payload": {
+        "description": "Any JSON value (default null), at most the API's payload limit "
+        "encoded. With --app, it must decode into the handler's declared type."
+    },
+    "options": {
+        "oneOf": [{"$ref": _REF + "EnqueueOptions"}, {"type": "null"}],
+        "description": "How and when the job runs.",
+    },
+}
+
+_JOB_VIEW_REQUIRED = (
+    "id",
+    "name",
+    "status",
+    "attempt",
+    "max_attempts",
+    "priority",
+    "run_at",
+    "created_at",
+)
+
+
+def _job_view_schema() -> dict[str, Any]:
+    return {
+        "type": "object",
+        "description": "A job's status record: the fields its state has. "
+        "It never carries the payload.",
+        "required": list(_JOB_VIEW_REQUIRED),
+        "additionalProperties": False,
+        "properties": {
+            "id": {"type": "string", "format": "uuid"},
+            "name": {"$ref": _REF + "JobName"},
+            "status": {"$ref": _REF + "JobStatus"},
+            "attempt": {"type": "integer", "minimum": 0},
+            "max_attempts": {"type": "integer", "minimum": 1},
+            "priority": {"type": "integer"},
+            "run_at": _TIME,
+            "created_at": _TIME,
+            "started_at": _TIME,
+            "finished_at": _TIME,
+            "queue_name": {"$ref": _REF + "JobName"},
+            "job_key": {"type": "string"},
+            "error": {
+                "type": "string",
+                "description": "The last error, on a failed job or one between attempts.",
+            },
+            "worker_id": {
+                "type": "string",
+                "format": "uuid",
+                "description": "The worker running it (running jobs only).",
+            },
+        },
+    }
+
+
+def _schemas(limits: Limits) -> dict[str, Any]:
+    name = dict(_NAME)
+    if limits.known_names is not None:
+        name["enum"] = sorted(limits.known_names)
+        name["description"] = "Strict mode: a job name the API's registry has a handler for."
+    return {
+        "JobName": name,
+        "JobStatus": {"type": "string", "enum": [s.value for s in JobStatus]},
+        "EnqueueOptions": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {key: _OPTION_SCHEMAS[key] for key in sorted(OPTION_FIELDS)},
+        },
+        "EnqueueJob": {
+            "type": "object",
+            "required": ["name"],
+            "additionalProperties": False,
+            "properties": {key: _JOB_FIELD_SCHEMAS[key] for key in sorted(JOB_FIELDS)},
+        },
+        "EnqueueBatch": {
+            "type": "object",
+            "required": ["jobs"],
+            "additionalProperties": False,
+            "properties": {
+                "jobs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": limits.max_batch,
+                    "items": {"$ref": _REF + "EnqueueJob"},
+                    "description": "Enqueued in one transaction: all or none.",
+                }
+            },
+        },
+        "Accepted": {
+            "type": "object",
+            "required": ["id", "status"],
+            "additionalProperties": False,
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "status": {
+                    "$ref": _REF + "JobStatus",
+                    "description": "queued, or the status of the existing job a job_key "
+                    "resolved to.",
+                },
+            },
+        },
+        "AcceptedBatch": {
+            "type": "object",
+            "required": ["jobs"],
+            "additionalProperties": False,
+            "properties": {"jobs": {"type": "array", "items": {"$ref": _REF + "Accepted"}}},
+        },
+        "Job": _job_view_schema(),
+        "JobList": {
+            "type": "object",
+            "required": ["jobs"],
+            "additionalProperties": False,
+            "properties": {"jobs": {"type": "array", "items": {"$ref": _REF + "Job"}}},
+        },
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "additionalProperties": False,
+            "properties": {
+                "error": {"type": "string", "description": "What was refused, and why."},
+                "detail": {
+                    "type": "object",
+                    "description": "Machine-readable particulars, e.g. the offending field.",
+                },
+            },
+        },
+        "Health": {
+            "type": "object",
+            "required": ["status"],
+            "additionalProperties": False,
+            "properties": {
+                "status": {"type": "string", "enum": ["ok", "ready", "not ready", "shutting down"]},
+                "reason": {"type": "string"},
+            },
+        },
+    }
+
+
+def _json(ref: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "description": description,
+        "content": {_JSON: {"schema": {"$ref": _REF + ref}}},
+    }
+    if headers:
+        out["headers"] = headers
+    return out
+
+
+def _error(description: str) -> dict[str, Any]:
+    return _json("Error", description)
+
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying. Absent when retrying cannot "
+        "help (shutting down, schema not migrated).",
+        "schema": {"type": "integer", "minimum": 1},
+    }
+}
+
+# Answers any /jobs operation can give, besides its own.
+_COMMON: dict[str, Any] = {
+    "401": _error("Authentication is on and the bearer token is missing or wrong."),
+    "500": _error("An unexpected error; it is logged by the API."),
+    "503": _json(
+        "Error",
+        "The database is unavailable (with Retry-After), the schema is not migrated, "
+        "or the API is shutting down.",
+        _RETRY_AFTER,
+    ),
+}
+
+
+def _operation(
+    operation_id: str,
+    summary: str,
+    responses: dict[str, Any],
+    *,
+    secured: bool,
+    **extra: Any,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": operation_id, "summary": summary, **extra}
+    op["responses"] = {**responses, **(_COMMON if secured else {})}
+    if secured:
+        op["tags"] = ["jobs"]
+    else:
+        op["tags"] = ["service"]
+        op["security"] = []
+    return op
+
+
+_JOB_ID = {
+    "name": "id",
+    "in": "path",
+    "required": True,
+    "description": "The job's id (a UUID; anything else is answered 404).",
+    "schema": {"type": "string"},
+}
+
+_LIST_PARAMETERS: dict[str, dict[str, Any]] = {
+    "status": {"schema": {"$ref": _REF + "JobStatus"}, "description": "Only jobs in this state."},
+    "name": {"schema": {"$ref": _REF + "JobName"}, "description": "Only jobs of this name."},
+    "limit": {
+        "schema": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": MAX_LIST_LIMIT,
+            "default": DEFAULT_LIST_LIMIT,
+        },
+        "description": "How many jobs, newest first.",
+    },
+}
+
+
+def _paths(limits: Limits) -> dict[str, Any]:
+    enqueue_body = {
+        "required": True,
+        "content": {
+            _JSON: {
+                "schema": {
+                    "oneOf": [
+                        {"$ref": _REF + "EnqueueJob"},
+                        {"$ref": _REF + "EnqueueBatch"},
+                    ]
+                },
+                "examples": {
+                    "one": {
+                        "value": {
+                            "name": "send_email",
+                            "payload": {"to": "ada@example.com", "subject": "Welcome"},
+                            "options": {"max_attempts": 5, "job_key": "welcome:ada"},
+                        }
+                    },
+                    "batch": {
+                        "value": {
+                            "jobs": [
+                                {"name": "resize", "payload": {"image": 1}},
+                                {"name": "resize", "payload": {"image": 2}},
+                            ]
+                        }
+                    },
+                },
+            }
+        },
+    }
+    not_found = _error("No job with that id (malformed ids included).")
+    refused = _error("The job's state does not allow it, or its job_key is taken; nothing changed.")
+    job_record = _json("Job", "The job's status record after the operation.")
+    return {
+        "/jobs": {
+            "post": _operation(
+                "enqueue",
+                "Enqueue one job, or a batch in one transaction",
+                {
+                    "202": {
+                        "description": "Committed. One job: its id and Location; a batch: "
+                        "every id, in order.",
+                        "headers": {
+                            "Location": {
+                                "description": "/jobs/{id} of the job (one job only).",
+                                "schema": {"type": "string"},
+                            }
+                        },
+                        "content": {
+                            _JSON: {
+                                "schema": {
+                                    "oneOf": [
+                                        {"$ref": _REF + "Accepted"},
+                                        {"$ref": _REF + "AcceptedBatch"},
+                                    ]
+                                }
+                            }
+                        },
+                    },
+                    "400": _error("Malformed JSON."),
+                    "409": _error("A job_key repeated in the batch or held by another job."),
+                    "413": _error(
+                        f"The body, a payload or the batch (at most {limits.max_batch} jobs) "
+                        "is too large, or the batch alone is over a backlog cap."
+                    ),
+                    "415": _error("The body is not application/json in UTF-8."),
+                    "422": _error(
+                        "Unknown fields, invalid names or options, or a payload that does "
+                        "not encode (or decode for its handler); detail names the field."
+                    ),
+                },
+                secured=True,
+                requestBody=enqueue_body,
+                description="Answers after the commit. With a backlog cap, a request that "
+                "would take the runnable backlog over it is refused with 503 and "
+                "Retry-After, nothing written.",
+            ),
+            "get": _operation(
+                "listJobs",
+                "The most recent jobs, newest first",
+                {
+                    "200": _json("JobList", "Status records, without payloads."),
+                    "422": _error("An unknown or invalid query parameter."),
+                },
+                secured=True,
+                parameters=[
+                    {"name": key, "in": "query", "required": False, **_LIST_PARAMETERS[key]}
+                    for key in sorted(LIST_PARAMS)
+                ],
+            ),
+        },
+        "/jobs/{id}": {
+            "get": _operation(
+                "getJob",
+                "A job's status record",
+                {"200": _json("Job", "The status record (never the payload)."), "404": not_found},
+                secured=True,
+                parameters=[_JOB_ID],
+            ),
+        },
+        "/jobs/{id}/cancel": {
+            "post": _operation(
+                "cancelJob",
+                "Cancel a queued job",
+                {"200": job_record, "404": not_found, "409": refused},
+                secured=True,
+                parameters=[_JOB_ID],
+            ),
+        },
+        "/jobs/{id}/retry": {
+            "post": _operation(
+                "retryJob",
+                "Run a failed or cancelled job again, now, with fresh attempts",
+                {"200": job_record, "404": not_found, "409": refused},
+                secured=True,
+                parameters=[_JOB_ID],
+            ),
+        },
+        "/healthz": {
+            "get": _operation(
+                "healthz",
+                "The process is alive",
+                {"200": _json("Health", '{"status": "ok"}')},
+                secured=False,
+            )
+        },
+        "/readyz": {
+            "get": _operation(
+                "readyz",
+                "The database answers and the schema is current",
+                {
+                    "200": _json("Health", '{"status": "ready"}'),
+                    "503": _json("Health", "Not ready (with the reason), or shutting down."),
+                },
+                secured=False,
+            )
+        },
+        "/openapi.json": {
+            "get": _operation(
+                "openapi",
+                "This document",
+                {
+                    "200": {
+                        "description": "The OpenAPI 3.1 document of this API.",
+                        "content": {_JSON: {"schema": {"type": "object"}}},
+                    }
+                },
+                secured=False,
+            )
+        },
+    }
+
+
+def openapi_document(limits: Limits | None = None, *, bearer_auth: bool = True) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the HTTP jobs API.
+
+    ``limits`` are the running API's (batch size, strict mode's job names), the
+    defaults when None; ``bearer_auth`` says whether ``/jobs`` requests need a
+    bearer token (``pgfleet api --auth-token``). A new dict on every call.
+    """
+    limits = limits or Limits()
+    doc: dict[str, Any] = {
+        "openapi": OPENAPI_VERSION,
+        "info": {
+            "title": "pgfleet jobs API",
+            "version": __version__,
+            "description": _DESCRIPTION,
+            "license": {"name": "MIT", "identifier": "MIT"},
+        },
+        "tags": [
+            {"name": "jobs", "description": "Enqueue, inspect, cancel and retry jobs."},
+            {"name": "service", "description": "Health, readiness and this document."},
+        ],
+        "paths": _paths(limits),
+        "components": {"schemas": _schemas(limits)},
+    }
+    if bearer_auth:
+        doc["components"]["securitySchemes"] = {
+            "bearer": {
+                "type": "http",
+                "scheme": "bearer",
+                "description": "The API's token (--auth-token, PGFLEET_API_TOKEN).",
+            }
+        }
+        doc["security"] = [{"bearer": []}]
+    return doc
