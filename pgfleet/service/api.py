@@ -151,8 +151,19 @@ class JobsApi:
         self._retry_after = {"Retry-After": str(config.retry_after)}
         self._unready: str | None = None
         # The document of this API as configured: its limits, strict mode's names,
-        # whether credentials are needed.
-        self._openapi = openapi_document(self._limits, bearer_auth=config.access.auth)
+        # whether credentials are needed, and each operation's declared access.
+        self._openapi = openapi_document(
+            self._limits, bearer_auth=config.access.auth, access=self.declared_access()
+        )
+
+    def declared_access(self) -> dict[str, Access]:
+        """What each route declares with ``@requires``, by its OpenAPI operationId
+        (the handler's name in camelCase)."""
+        return {
+            _operation_id(route.handler.__name__): access_of(route.handler)
+            for route in self.application().router.routes()
+            if route.method != "HEAD"
+        }
 
     @property
     def in_flight(self) -> int:
@@ -436,6 +447,11 @@ class JobsApi:
         keyed = [i for req, i in zip(requests, ids, strict=True) if req.options.job_key]
         found = await self.queue.statuses(keyed) if keyed else {}
         return [found.get(i, JobStatus.QUEUED).value for i in ids]
+
+
+def _operation_id(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
 
 
 def _in_console(path: str) -> bool:
