@@ -415,6 +415,15 @@ def _paths(limits: Limits) -> dict[str, Any]:
                                 "schema": {"type": "string"},
                             }
                         },
+                        # What a client does next with the id (and what stateful
+                        # tests follow).
+                        "links": {
+                            operation: {
+                                "operationId": operation,
+                                "parameters": {"id": "$response.body#/id"},
+                            }
+                            for operation in ("getJob", "cancelJob", "retryJob")
+                        },
                         "content": {
                             _JSON: {
                                 "schema": {
