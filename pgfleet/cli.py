@@ -111,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.print_sql:
                 sys.stdout.write(migration_script())
                 return
+            check_dsn(args.dsn, "migrate")
             applied = asyncio.run(_migrate(_dsn(args)))
             print(f"applied migrations {applied}" if applied else "pgfleet schema is up to date")
         elif args.command == "worker":

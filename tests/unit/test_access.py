@@ -225,3 +225,12 @@ def test_job_name_labels_are_bounded_and_known_names_always_fit() -> None:
     assert labels.overflowed
     unbounded = NameLabels(0)
     assert all(unbounded(str(i)) == str(i) for i in range(500))
+
+
+def test_a_database_url_with_the_example_password_is_refused() -> None:
+    from pgfleet.service.process import dsn_problem
+
+    problem = dsn_problem("postgresql://pgfleet:change-me-postgres-password@db/pgfleet")
+    assert problem is not None and "placeholder" in problem
+    assert "change-me-postgres-password" not in problem
+    assert dsn_problem("postgresql://pgfleet:Xq3-real-9w@db/pgfleet") is None
