@@ -59,10 +59,7 @@ def dsn_problem(dsn: str) -> str | None:
             "with postgresql:// (for example postgresql://user@host:5432/dbname)"
         )
     if parts.password and "change-me" in parts.password.lower():
-        return (
-            "the database URL's password is an example placeholder (change-me…): "
-            "set a real one"
-        )
+        return "the database URL's password is an example placeholder (change-me…): set a real one"
     return None
 
 
