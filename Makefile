@@ -13,10 +13,10 @@ CONSOLE_BENCH_ARGS ?=
 
 API_FUZZ_ARGS ?=
 
-.PHONY: help venv test lint format bench bench-peers fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
+.PHONY: help venv test test-fast lint format docs docs-build docs-generate dist release-check bench bench-peers fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
 
 # Every install path installs a lock file (requirements/*.lock: exact versions and
 # the hashes of their files; `make lock` regenerates them), then pgfleet itself
@@ -38,17 +38,36 @@ $(VENV)/.fleet-installed: pyproject.toml requirements/fleet.lock requirements/bu
 
 venv: $(VENV)/.installed ## create .venv with everything the tests need
 
-test: venv ## run the test suite against a real PostgreSQL (see README: finding Postgres)
+test: venv ## run the test suite against a real PostgreSQL (CONTRIBUTING.md: Tests)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+test-fast: venv ## unit and integration tests on one event loop (a few minutes): the loop to run while working
+	PGFLEET_TEST_LOOPS=asyncio $(PY) -m pytest tests/unit tests/integration -q $(PYTEST_ARGS)
+
 lint: venv ## ruff (lint + format check) and mypy --strict on all Python in the repo
-	$(VENV)/bin/ruff check pgfleet tests tools worker loadtest
-	$(VENV)/bin/ruff format --check pgfleet tests tools worker loadtest
+	$(VENV)/bin/ruff check pgfleet tests tools worker loadtest examples docs/snippets
+	$(VENV)/bin/ruff format --check pgfleet tests tools worker loadtest examples docs/snippets
 	$(VENV)/bin/mypy
 
 format: venv ## apply ruff's formatting and safe fixes
-	$(VENV)/bin/ruff format pgfleet tests tools worker loadtest
-	$(VENV)/bin/ruff check --fix pgfleet tests tools worker loadtest
+	$(VENV)/bin/ruff format pgfleet tests tools worker loadtest examples docs/snippets
+	$(VENV)/bin/ruff check --fix pgfleet tests tools worker loadtest examples docs/snippets
+
+docs: venv ## serve the documentation site at http://127.0.0.1:8001, rebuilding on change
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve -a 127.0.0.1:8001
+
+docs-build: venv ## build the site strictly into site/ (a broken link or reference fails), after checking the generated pages
+	$(PY) -m tools.docs --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-generate: venv ## regenerate docs/reference/ (options, CLI, HTTP API, metrics) from the code
+	$(PY) -m tools.docs
+
+dist: venv ## build the sdist and the wheel into dist/
+	$(PY) -m build --no-isolation --outdir dist
+
+release-check: venv ## build, install the wheel with its extras into a new venv, and run a migration and a job from it
+	$(PY) -m tools.release_check
 
 bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARGS=...)
 	mkdir -p bench-results
@@ -89,5 +108,5 @@ advisories: venv ## refresh requirements/advisories.json, the audit's offline sn
 api-fuzz: venv ## Schemathesis against a real pgfleet api, long profile (API_FUZZ_ARGS=...)
 	PGFLEET_API_FUZZ_PROFILE=long $(PY) -m pytest tests/acceptance/test_api_fuzz.py $(API_FUZZ_ARGS)
 
-clean: ## remove the virtualenv, caches and the native fleet's state (.fleet: database, logs)
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results .fleet
+clean: ## remove the virtualenv, caches, builds and the native fleet's state (.fleet: database, logs)
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results .fleet site dist

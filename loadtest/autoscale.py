@@ -81,7 +81,7 @@ class Autoscaler:
     sync_period: int = HPA_SYNC_PERIOD
     tolerance: float = HPA_TOLERANCE
     #: Whether the first signal counts running jobs too (False: due jobs only, the
-    #: alternative the README explains against).
+    #: alternative docs/operations/kubernetes.md explains against).
     count_running: bool = True
 
 

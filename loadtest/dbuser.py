@@ -7,10 +7,9 @@ the others. Locust patches at ``import locust``, before this module imports
 psycopg; :func:`_check_cooperative` refuses to run if that order ever breaks
 (tests/loadtest/test_gevent_driver.py proves the cooperation with a lock wait).
 
-Each user is one producer: one connection, one transaction per request, the
-statements pgfleet's ``Queue`` sends for the chosen notification mode (the
-statements and their arguments come from pgfleet, :mod:`pgfleet.sql`; ``RawCursor``
-keeps their ``$n`` placeholders):
+Each user is one producer: one connection, one transaction per request, through
+pgfleet's psycopg producer (:mod:`pgfleet.contrib.psycopg`: the statements, checks
+and payload encoding of ``Queue``), for the chosen notification mode:
 
 - ``transaction``: the notification commits inside every enqueue transaction;
 - ``coalesced``: the enqueue commits bare; one notifier greenlet per Locust process
@@ -31,8 +30,8 @@ from locust import User, events, task
 
 from loadtest.shield import GracefulStop, stop_spent
 from loadtest.users import Budget, Pacer, Settings, request_name, user_period
-from pgfleet import EnqueueRequest
-from pgfleet.sql import enqueue_statements, wakeup
+from pgfleet import EnqueueRequest, NotifyMode, PgfleetError
+from pgfleet.contrib.psycopg import Producer
 
 CONNECT_TIMEOUT = 10
 
@@ -53,7 +52,6 @@ def connect(dsn: str) -> psycopg.Connection[Any]:
         dsn,
         autocommit=True,
         connect_timeout=CONNECT_TIMEOUT,
-        cursor_factory=psycopg.RawCursor,
         application_name="pgfleet-loadtest",
     )
 
@@ -74,11 +72,12 @@ class CoalescedNotifier:
             self._greenlet = gevent.spawn(self._run)
 
     def _run(self) -> None:
+        producer = Producer()
         with connect(self._dsn) as conn:
             while True:
                 self._wanted.wait()
                 self._wanted.clear()
-                conn.execute(wakeup().sql)
+                producer.notify(conn)
                 self.sent += 1
 
 
@@ -112,6 +111,9 @@ class DbEnqueuer(GracefulStop, User):
         users = self.environment.parsed_options.num_users or 1
         self.pacer = Pacer(user_period(self.settings.target_rate, self.settings.batch, users))
         self.request_type = f"db-{self.settings.notify}"
+        # Coalesced: the enqueue commits bare, the process's notifier wakes after it.
+        notify = NotifyMode.TRANSACTION if self.settings.notify == "transaction" else "off"
+        self.producer = Producer(notify=notify)
         self.conn: psycopg.Connection[Any] | None = None
 
     def on_stop(self) -> None:
@@ -133,7 +135,7 @@ class DbEnqueuer(GracefulStop, User):
             if self.conn is None or self.conn.closed:
                 self.conn = connect(self.settings.dsn)
             self._write(self.conn, n)
-        except psycopg.Error as exc:
+        except (psycopg.Error, PgfleetError) as exc:
             exception = exc
             if self.conn is not None and self.conn.broken:
                 self.conn = None
@@ -153,14 +155,11 @@ class DbEnqueuer(GracefulStop, User):
         name = self.settings.job_name
         seq = self.shared.seq
         self.shared.seq += n
-        requests = [EnqueueRequest(name, {"n": seq + i}) for i in range(n)]
-        plan = enqueue_statements(requests, notify=self.settings.notify == "transaction")
-        if len(plan.statements) == 1:
-            conn.execute(plan.statements[0].sql, plan.statements[0].args)
+        if n == 1:
+            self.producer.enqueue(conn, name, {"n": seq})
             return
-        with conn.transaction():
-            for statement in plan.statements:
-                conn.execute(statement.sql, statement.args)
+        requests = [EnqueueRequest(name, {"n": seq + i}) for i in range(n)]
+        self.producer.enqueue_many(conn, requests)
 
 
 @events.test_stop.add_listener  # type: ignore[untyped-decorator]  # locust: unannotated

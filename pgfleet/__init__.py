@@ -1,6 +1,6 @@
 """pgfleet: durable PostgreSQL-backed background jobs for Python asyncio.
 
-Delivery is at-least-once: make handlers idempotent (see the README).
+Delivery is at-least-once: make handlers idempotent (see the documentation: Delivery guarantees).
 """
 
 from pgfleet._runtime.outcomes import RunStats
@@ -10,6 +10,7 @@ from pgfleet.context import current_job, is_shutting_down, shutdown_requested, w
 from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday
 from pgfleet.db.migrate import Migration, migrate, migration_script, migrations
 from pgfleet.errors import (
+    DatabaseRefused,
     DatabaseUnavailable,
     DuplicateJobKey,
     InvalidJobState,
@@ -42,6 +43,7 @@ from pgfleet.worker import Worker
 __all__ = [
     "CronJob",
     "DailySchedule",
+    "DatabaseRefused",
     "DatabaseUnavailable",
     "DuplicateJobKey",
     "EnqueueOptions",

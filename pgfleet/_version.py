@@ -1,3 +1,3 @@
 """The package version: one place, imported by the package and its runtime."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

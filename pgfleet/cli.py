@@ -17,20 +17,22 @@ from typing import Any
 
 import asyncpg
 
+from pgfleet._version import __version__
 from pgfleet.db.migrate import migrate, migration_script
 from pgfleet.db.transaction_pooling import dsn_transaction_pooled, refuse_migrations
 from pgfleet.errors import PgfleetError
 from pgfleet.service import api_cmd, credentials_cmd, jobs_cmd, worker_cmd
 from pgfleet.service.flags import add_dsn
-from pgfleet.service.process import check_dsn
+from pgfleet.service.process import EXIT_USAGE, UsageError, check_dsn
 
 
 def _dsn(args: argparse.Namespace) -> str:
     if not args.dsn:
-        raise SystemExit(
-            "pgfleet: no database given: pass --dsn or set PGFLEET_DATABASE_URL "
+        raise UsageError(
+            "pgfleet migrate: no database given: pass --dsn or set PGFLEET_DATABASE_URL "
             "(for example postgresql://user@host:5432/dbname)"
         )
+    check_dsn(args.dsn, "migrate")
     return str(args.dsn)
 
 
@@ -38,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pgfleet", description="Durable PostgreSQL-backed background jobs."
     )
+    parser.add_argument("--version", action="version", version=f"pgfleet {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     migrate_cmd = sub.add_parser("migrate", help="create or upgrade the pgfleet schema")
     add_dsn(migrate_cmd)
@@ -98,7 +101,7 @@ async def _connect(dsn: str, **kwargs: Any) -> Any:
     try:
         return await asyncpg.connect(dsn, timeout=10, **kwargs)
     except (TimeoutError, OSError, asyncpg.PostgresError, ValueError) as exc:
-        raise SystemExit(f"pgfleet: cannot connect to the database: {exc}") from None
+        raise SystemExit(f"pgfleet migrate: cannot connect to the database: {exc}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -124,5 +127,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(jobs_cmd.main(args))
         elif args.command == "credentials":
             raise SystemExit(credentials_cmd.main(args))
+    except UsageError as exc:
+        # One line and status 2, like argparse's own usage errors and `pgfleet jobs`.
+        sys.stderr.write(f"{exc}\n")
+        raise SystemExit(EXIT_USAGE) from None
     except PgfleetError as exc:
         raise SystemExit(f"pgfleet: {exc}") from None

@@ -65,16 +65,21 @@ class WorkerConfig:
     #: Time running handlers get to finish at shutdown before they are cancelled
     #: and their jobs requeued.
     shutdown_grace_period: float | timedelta = 30.0
+    #: How often a worker renews its lease (and so every lock it holds).
     heartbeat_interval: float | timedelta = 5.0
     #: A worker whose heartbeat is older than this is dead: its jobs are recovered.
     dead_worker_timeout: float | timedelta = 30.0
     #: Finished jobs older than this are pruned in the background; None keeps all.
     finished_job_retention: float | timedelta | None = timedelta(days=30)
+    #: How often the leader prunes finished jobs.
     prune_interval: float | timedelta = 60.0
+    #: Rows deleted per pruning statement.
     prune_batch_size: int = 1000
     #: Retry delay after attempt n: min(cap, base * 2**(n-1)) plus up to jitter * delay.
     backoff_base: float | timedelta = 1.0
+    #: The longest retry delay.
     backoff_cap: float | timedelta = 3600.0
+    #: Up to this fraction of the delay is added at random, so retries spread out.
     backoff_jitter: float = 0.2
     #: Handler timeout unless the handler sets its own; None means no timeout.
     default_timeout: float | timedelta | None = 600.0
@@ -85,6 +90,7 @@ class WorkerConfig:
     #: Let the leader VACUUM (ANALYZE) the jobs table when dead tuples pile up:
     #: "auto" only when autovacuum is off for it, "always", or "never".
     vacuum: str = "auto"
+    #: How often the leader checks whether the jobs table needs a VACUUM.
     vacuum_interval: float | timedelta = 60.0
     #: Dead tuples below this (or below a fifth of the live ones) are left alone.
     vacuum_min_dead_tuples: int = 10_000

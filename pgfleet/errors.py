@@ -75,6 +75,12 @@ class DatabaseUnavailable(PgfleetError, ConnectionError):
     """Postgres could not be reached; the operation did not happen."""
 
 
+class DatabaseRefused(DatabaseUnavailable):
+    """Postgres answered but refused the login: the database or the role does not
+    exist, or the password is wrong. Retrying will not help until someone fixes the
+    configuration or creates what is missing."""
+
+
 class PermanentError(Exception):
     """Raise from a handler to fail the job at once, without further retries."""
 

@@ -82,6 +82,27 @@ class JobKeyMode(enum.StrEnum):
     PRESERVE_RUN_AT = "preserve_run_at"
 
 
+class NotifyMode(enum.StrEnum):
+    """How enqueues wake workers. Notifications only affect latency, never whether
+    a job runs: every idle worker also polls.
+
+    The producers that write on the caller's connection (psycopg, SQLAlchemy,
+    Django) notify within the caller's transaction in both ``COALESCED`` and
+    ``TRANSACTION`` modes, as ``Queue`` does inside a caller's transaction."""
+
+    #: Default. At most one notifying statement per queue is in flight at a time,
+    #: so producers never queue on Postgres' commit-time notification lock: a
+    #: single enqueue that finds none in flight carries its NOTIFY in its own insert
+    #: (one round trip, one commit); enqueues that overlap it commit without one,
+    #: and one coalesced NOTIFY per burst follows them from a separate statement.
+    #: An enqueue inside the caller's transaction notifies within that transaction.
+    COALESCED = "coalesced"
+    #: Every enqueue transaction carries its own NOTIFY (at most one per transaction).
+    TRANSACTION = "transaction"
+    #: No notifications: workers find jobs by polling.
+    OFF = "off"
+
+
 @dataclass(frozen=True, slots=True)
 class EnqueueOptions:
     """How and when a job runs. Every field is checked at construction."""
@@ -196,6 +217,9 @@ class Job:
     worker_id: UUID | None
     #: The token of the claim this copy was read under (internal: guards completion).
     lock_token: UUID | None = field(default=None, repr=False, compare=False)
+    #: The W3C trace context of the enqueue (JSON text), when a tracer was on: the
+    #: worker's span continues that trace.
+    trace_context: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_last_attempt(self) -> bool:

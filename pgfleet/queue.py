@@ -3,66 +3,37 @@
 from __future__ import annotations
 
 import asyncio
-import enum
-import json
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 from typing import Any, NoReturn
 from uuid import UUID
 
-from pgfleet import _ids
+from pgfleet._runtime import tracing
 from pgfleet.db.connect import create_pool as create_pool  # public: pgfleet.create_pool
 from pgfleet.db.deadlines import AppPool
+from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Enqueuer, as_job_id
 from pgfleet.db.store import Store
 from pgfleet.db.types import Connection
 from pgfleet.errors import (
-    DuplicateJobKey,
     InvalidJobState,
     InvalidOptions,
     JobNotFound,
-    PayloadDecodeError,
-    PayloadError,
-    PgfleetError,
-    UnknownJobName,
 )
 from pgfleet.jobs import (
-    DEFAULT_OPTIONS,
     EnqueueOptions,
     EnqueueRequest,
     Job,
-    JobKeyMode,
     JobStatus,
+    NotifyMode,
     WorkerInfo,
-    _valid_names,
     validate_name,
 )
-from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, encode_payload_array
+from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 
 log = logging.getLogger("pgfleet")
 
-DEFAULT_MAX_ATTEMPTS = 25
-
-# Rounds of insert-then-look-up before giving up on a job key whose holder keeps
-# finishing between the two statements.
-_KEY_RESOLVE_ROUNDS = 8
-
-
-class NotifyMode(enum.StrEnum):
-    """How enqueues wake workers. Notifications only affect latency, never whether
-    a job runs: every idle worker also polls."""
-
-    #: Default. At most one notifying statement per queue is in flight at a time,
-    #: so producers never queue on Postgres' commit-time notification lock: a
-    #: single enqueue that finds none in flight carries its NOTIFY in its own insert
-    #: (one round trip, one commit); enqueues that overlap it commit without one,
-    #: and one coalesced NOTIFY per burst follows them from a separate statement.
-    #: An enqueue inside the caller's transaction notifies within that transaction.
-    COALESCED = "coalesced"
-    #: Every enqueue transaction carries its own NOTIFY (at most one per transaction).
-    TRANSACTION = "transaction"
-    #: No notifications: workers find jobs by polling.
-    OFF = "off"
+__all__ = ["DEFAULT_MAX_ATTEMPTS", "NotifyMode", "Queue", "create_pool"]
 
 
 class _Waker:
@@ -142,22 +113,14 @@ class Queue:
             raise InvalidOptions(
                 f"unknown notify mode {notify!r}: expected one of {allowed}"
             ) from None
-        if not isinstance(max_payload_bytes, int) or max_payload_bytes < 2:
-            raise InvalidOptions(
-                f"max_payload_bytes must be a positive integer, got {max_payload_bytes!r}"
-            )
-        EnqueueOptions(max_attempts=default_max_attempts)  # validates the range
+        self._enqueuer = Enqueuer(
+            max_payload_bytes=max_payload_bytes,
+            default_max_attempts=default_max_attempts,
+            known_names=known_names,
+            check_payloads=check_payloads,
+        )
         self._pool = pool
         self._store = Store(pool)
-        self._max_payload_bytes = max_payload_bytes
-        self._default_max_attempts = default_max_attempts
-        self._known = known_names
-        if check_payloads and not callable(getattr(known_names, "get", None)):
-            raise InvalidOptions(
-                "check_payloads needs known_names=<the Registry>: the handlers' payload "
-                "types are what payloads are checked against"
-            )
-        self._check_payloads = bool(check_payloads)
         self._waker = _Waker(self._store)
         #: Called with (name, count) after jobs commit through this queue (metrics hook).
         self.on_enqueued: Callable[[str, int], None] | None = None
@@ -179,46 +142,35 @@ class Queue:
         """Enqueue one job and return its id (an existing job's id when its job_key
         deduplicates). With ``connection``, the job commits or rolls back with the
         caller's transaction."""
-        opts = DEFAULT_OPTIONS if options is None else options
-        if not isinstance(opts, EnqueueOptions):
-            raise InvalidOptions(f"options must be EnqueueOptions, got {type(opts).__name__}")
+        tracer = tracing.current_tracer()
+        if tracer is None:
+            return await self._enqueue(name, payload, options, connection, None)
+        with tracing.enqueue_span(tracer, str(name)) as trace:
+            return await self._enqueue(name, payload, options, connection, trace)
+
+    async def _enqueue(
+        self,
+        name: str,
+        payload: Any,
+        options: EnqueueOptions | None,
+        connection: Connection | None,
+        trace: str | None,
+    ) -> UUID:
+        opts = self._enqueuer.options(options)
         if opts.job_key is not None:
-            ids = await self.enqueue_many(
-                [EnqueueRequest(name, payload, opts)], connection=connection
-            )
+            ids = await self._enqueue_many([EnqueueRequest(name, payload, opts)], connection, trace)
             return ids[0]
-        self._check_name(name)
-        text = encode_payload(payload, self._max_payload_bytes)
-        if self._check_payloads:
-            self._check_payload(name, payload)
-        job_id = _ids.uuid7()
         wake_in_tx, wake_after = self._wake_plan(connection, opts.runs_now)
         # The coalesced wakeup of a lone enqueue rides in its own insert.
         inline = wake_after and self._waker.take_inline()
         if inline:
             wake_in_tx, wake_after = True, False
-        store = self._store if connection is None else Store(connection)
         try:
-            if opts is DEFAULT_OPTIONS:
-                await store.job_insert_plain(
-                    id=job_id,
-                    name=name,
-                    payload=text,
-                    max_attempts=self._default_max_attempts,
-                    notify=wake_in_tx,
-                )
-            else:
-                await store.job_insert(
-                    id=job_id,
-                    name=name,
-                    payload=text,
-                    priority=opts.priority,
-                    max_attempts=opts.max_attempts or self._default_max_attempts,
-                    queue_name=opts.queue_name,
-                    run_at=opts.run_at,
-                    delay_seconds=opts.delay_seconds,
-                    notify=wake_in_tx,
-                )
+            job_id, statement = self._enqueuer.single(
+                name, payload, opts, notify=wake_in_tx, trace=trace
+            )
+            store = self._store if connection is None else Store(connection)
+            await store.enqueue_one(statement)
         finally:
             if inline:
                 self._waker.release_inline()
@@ -237,40 +189,32 @@ class Queue:
         caller's transaction). A job_key repeated within the batch raises
         :class:`DuplicateJobKey` and nothing is inserted.
         """
-        batch = _Batch(self, requests)
+        tracer = tracing.current_tracer()
+        if tracer is None:
+            return await self._enqueue_many(requests, connection, None)
+        requests = list(requests)
+        name = tracing.batch_name(getattr(r, "name", "?") for r in requests)
+        with tracing.enqueue_span(tracer, str(name), len(requests)) as trace:
+            return await self._enqueue_many(requests, connection, trace)
+
+    async def _enqueue_many(
+        self,
+        requests: Iterable[EnqueueRequest],
+        connection: Connection | None,
+        trace: str | None,
+    ) -> list[UUID]:
+        batch = self._enqueuer.batch(requests)
         if not batch.size:
             return []
         wake_in_tx, wake_after = self._wake_plan(connection, batch.any_runs_now)
         store = self._store if connection is None else Store(connection)
-        async with store.acquire("enqueue_many") as bound:
-            await batch.write(bound, wake_in_tx)
+        ids = await store.enqueue_batch(batch, notify=wake_in_tx, trace=trace)
         if wake_after:
             self._waker.request()
         if self.on_enqueued is not None:
             for name, count in batch.names().items():
                 self.on_enqueued(name, count)
-        return batch.ids
-
-    def _check_name(self, name: str) -> None:
-        if name.__class__ is not str or name not in _valid_names:
-            validate_name(name)
-        known = self._known
-        # A Registry answers `in` from its handler dict: no set of names per enqueue.
-        if known is not None and name not in known:
-            raise UnknownJobName(f"no handler is registered for job name {name!r} (strict mode)")
-
-    def _check_payload(self, name: str, payload: Any, where: str = "") -> None:
-        """Refuse a payload its handler could never decode (``check_payloads``)."""
-        handler = self._known.get(name)
-        if handler is None or not handler.takes_payload:
-            return
-        value = json.loads(encode_payload(payload, self._max_payload_bytes))
-        try:
-            handler.decode(value)
-        except PayloadDecodeError as exc:
-            raise PayloadError(
-                f"{where}payload does not decode for the handler of {name!r}: {exc}"
-            ) from None
+        return ids
 
     def _wake_plan(self, connection: Connection | None, runs_now: bool) -> tuple[bool, bool]:
         """(notify inside the transaction, request a coalesced wakeup after)."""
@@ -291,10 +235,7 @@ class Queue:
 
     async def get(self, job_id: UUID | str) -> Job | None:
         """The job with that id, or None."""
-        uid = _as_uuid(job_id)
-        if uid is None:
-            return None
-        return await self._store.job_get(id=uid)
+        return await self._store.get(job_id)
 
     async def recent(
         self,
@@ -349,7 +290,7 @@ class Queue:
 
     async def statuses(self, job_ids: Iterable[UUID | str]) -> dict[UUID, JobStatus]:
         """The current status of each job that exists, by id, in one query."""
-        uids = [u for u in map(_as_uuid, job_ids) if u is not None]
+        uids = [u for u in map(as_job_id, job_ids) if u is not None]
         if not uids:
             return {}
         return await self._store.job_status_many(ids=uids)
@@ -363,9 +304,7 @@ class Queue:
     async def cancel(self, job_id: UUID | str) -> Job:
         """Cancel a queued job. A running job is not interrupted: refused with
         :class:`InvalidJobState`, as are finished jobs."""
-        uid = self._require_uuid(job_id)
-        job = await self._store.job_cancel(id=uid)
-        return job or await self._refused(uid, "cancel", ("queued",))
+        return await self._store.cancel(job_id)
 
     async def retry(self, job_id: UUID | str) -> Job:
         """Run a failed or cancelled job again now, with fresh attempts."""
@@ -465,7 +404,7 @@ class Queue:
         raise InvalidJobState(uid, operation, status.value, allowed)
 
     def _require_uuid(self, value: UUID | str, what: str = "job") -> UUID:
-        uid = _as_uuid(value)
+        uid = as_job_id(value)
         if uid is None:
             if what == "job":
                 raise JobNotFound(value)
@@ -475,17 +414,6 @@ class Queue:
     def _wake(self) -> None:
         if self.notify_mode is not NotifyMode.OFF:
             self._waker.request()
-
-
-def _as_uuid(value: Any) -> UUID | None:
-    if isinstance(value, UUID):
-        return value
-    if isinstance(value, str):
-        try:
-            return UUID(value)
-        except ValueError:
-            return None
-    return None
 
 
 def _count_limit(at_most: int | None) -> int | None:
@@ -504,170 +432,3 @@ def _horizon(horizon: float) -> float:
     ):
         raise InvalidOptions(f"horizon must be from 0 to ten years in seconds, got {horizon!r}")
     return float(horizon)
-
-
-class _Batch:
-    """A validated batch, split into one group per insert statement."""
-
-    __slots__ = (
-        "_full",
-        "_keyed",
-        "_plain",
-        "_plain_json",
-        "_queue",
-        "_requests",
-        "any_runs_now",
-        "ids",
-        "size",
-    )
-
-    def __init__(self, queue: Queue, requests: Iterable[EnqueueRequest]) -> None:
-        self._queue = queue
-        self._requests: Sequence[EnqueueRequest] = (
-            requests if isinstance(requests, list | tuple) else list(requests)
-        )
-        self.size = len(self._requests)
-        self.ids = _ids.uuid7_batch(self.size)
-        self.any_runs_now = False
-        self._plain: tuple[list[UUID], list[str], list[Any]] = ([], [], [])
-        self._full: list[tuple[Any, ...]] = []
-        self._keyed: dict[JobKeyMode, list[tuple[Any, ...]]] = {}
-        self._plain_json = ""
-        self._split()
-
-    def _split(self) -> None:
-        queue = self._queue
-        check_name = queue._check_name
-        limit = queue._max_payload_bytes
-        default_attempts = queue._default_max_attempts
-        plain_ids, plain_names, plain_payloads = self._plain
-        seen_keys: set[str] = set()
-        for index, (req, job_id) in enumerate(zip(self._requests, self.ids, strict=False)):
-            if req.__class__ is not EnqueueRequest:
-                raise InvalidOptions(
-                    f"enqueue_many takes EnqueueRequest items; item {index} is {type(req).__name__}"
-                )
-            name = req.name
-            check_name(name)
-            if queue._check_payloads:
-                queue._check_payload(name, req.payload, f"item {index}: ")
-            opts = req.options
-            if opts is DEFAULT_OPTIONS:
-                self.any_runs_now = True
-                plain_ids.append(job_id)
-                plain_names.append(name)
-                plain_payloads.append(req.payload)  # encoded together below
-                continue
-            text = encode_payload(req.payload, limit)
-            if not isinstance(opts, EnqueueOptions):
-                raise InvalidOptions(f"item {index}: options must be EnqueueOptions")
-            self.any_runs_now = self.any_runs_now or opts.runs_now
-            row = (
-                job_id,
-                name,
-                text,
-                opts.priority,
-                opts.max_attempts or default_attempts,
-                opts.queue_name,
-                opts.job_key,
-                opts.run_at,
-                opts.delay_seconds,
-            )
-            key = opts.job_key
-            if key is None:
-                self._full.append(row)
-                continue
-            if key in seen_keys:
-                raise DuplicateJobKey(
-                    f"job_key {key!r} appears more than once in one batch; nothing was enqueued",
-                    key,
-                )
-            seen_keys.add(key)
-            self._keyed.setdefault(opts.job_key_mode, []).append(row)
-        if plain_payloads:
-            self._plain_json = encode_payload_array(plain_payloads, limit)
-
-    def names(self) -> dict[str, int]:
-        counts: dict[str, int] = {}
-        for req in self._requests:
-            counts[req.name] = counts.get(req.name, 0) + 1
-        return counts
-
-    async def write(self, store: Store, notify: bool) -> None:
-        """Write the batch through ``store`` (bound to one connection)."""
-        statements = bool(self._plain[0]) + bool(self._full) + len(self._keyed) + notify
-        if statements == 1 and not self._keyed:
-            await self._write_unkeyed(store)
-            return
-        async with store.transaction("enqueue_many") as tx:
-            await self._write_unkeyed(tx)
-            for mode, rows in self._keyed.items():
-                await self._write_keyed(tx, mode, rows)
-            if notify:
-                await tx.notify_jobs()
-
-    async def _write_unkeyed(self, store: Store) -> None:
-        plain_ids, plain_names, _ = self._plain
-        if plain_ids:
-            await store.job_insert_many_plain(
-                ids=plain_ids,
-                names=plain_names,
-                payloads=self._plain_json,
-                max_attempts=self._queue._default_max_attempts,
-            )
-        if self._full:
-            ids, names, payloads, priorities, attempts, queues, _, run_ats, delays = zip(
-                *self._full, strict=True
-            )
-            await store.job_insert_many(
-                ids=ids,
-                names=names,
-                payloads=payloads,
-                priorities=priorities,
-                max_attempts=attempts,
-                queue_names=queues,
-                run_ats=run_ats,
-                delays=delays,
-            )
-
-    async def _write_keyed(
-        self, store: Store, mode: JobKeyMode, rows: list[tuple[Any, ...]]
-    ) -> None:
-        """Insert or resolve every keyed row; the batch id of each becomes the id
-        of the job that now holds its key."""
-        pending = rows
-        resolved: dict[str, UUID] = {}
-        for _ in range(_KEY_RESOLVE_ROUNDS):
-            ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays = zip(
-                *pending, strict=True
-            )
-            resolved.update(
-                await store.job_insert_keyed(
-                    mode=mode,
-                    ids=ids,
-                    names=names,
-                    payloads=payloads,
-                    priorities=priorities,
-                    max_attempts=attempts,
-                    queue_names=queues,
-                    job_keys=keys,
-                    run_ats=run_ats,
-                    delays=delays,
-                )
-            )
-            missing = [row for row in pending if row[6] not in resolved]
-            if missing:
-                held = await store.job_ids_by_active_key(keys=[row[6] for row in missing])
-                resolved.update(held)
-                missing = [row for row in missing if row[6] not in resolved]
-            if not missing:
-                break
-            pending = missing  # their holders finished in between: insert again
-        else:
-            raise PgfleetError(
-                f"could not settle job keys {[row[6] for row in pending][:5]} after "
-                f"{_KEY_RESOLVE_ROUNDS} rounds of concurrent changes"
-            )
-        batch_index = {job_id: i for i, job_id in enumerate(self.ids)}
-        for row in rows:
-            self.ids[batch_index[row[0]]] = resolved[row[6]]

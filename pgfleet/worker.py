@@ -25,7 +25,7 @@ from pgfleet.db.deadlines import AppPool, bounded
 from pgfleet.db.migrate import check_schema
 from pgfleet.db.store import Store
 from pgfleet.db.transaction_pooling import LazyPool
-from pgfleet.db.translate import is_connection_error
+from pgfleet.db.translate import is_connection_error, login_refused
 from pgfleet.errors import InvalidOptions, SchemaNotReady
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job
@@ -337,10 +337,20 @@ class Worker:
             except SchemaNotReady:
                 raise
             except Exception as exc:
+                server = getattr(self._pool, "server", None)
+                # No such database or role, a wrong password: a configuration to fix,
+                # not an outage to wait out.
+                refused = login_refused(exc, server or "")
+                if refused is not None:
+                    raise refused from None
                 if not is_connection_error(exc):
                     raise
+                at = f"{server}: " if server else ""
                 log.warning(
-                    "database unavailable at worker start (%s); retrying in %.1fs", exc, delay
+                    "database unavailable at worker start (%s%s); retrying in %.1fs",
+                    at,
+                    exc,
+                    delay,
                 )
                 if stop is not None:
                     done, _ = await asyncio.wait([stop], timeout=delay)

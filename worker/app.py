@@ -108,7 +108,7 @@ async def send_email(job: Job, payload: SendEmail) -> None:
         return
     # Here a real service would call the mail provider, passing `key` as its
     # idempotency key. The effect was recorded first: a crash from here on means
-    # at most a missed send, never a duplicate (see the README on delivery).
+    # at most a missed send, never a duplicate (see docs/design/delivery.md).
 
 
 @registry.job("prune_sessions", infallible=True)

@@ -12,8 +12,10 @@ connection is terminated and the slot returned, and the caller gets ``TimeoutErr
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import asyncpg
 import asyncpg.pool
@@ -34,9 +36,12 @@ _FAST_RELEASE = _has_release_internals()
 
 
 class Pool(asyncpg.pool.Pool):
-    __slots__ = ("plain_reset", "release_timeout")
+    __slots__ = ("plain_reset", "release_timeout", "server")
 
     release_timeout: float
+    #: ``host:port`` (or the socket directory) the pool connects to, for messages
+    #: such as "database unavailable at worker start": never the user or password.
+    server: str
     #: The pool's reset hook does nothing (``create_pool``'s default), so a clean
     #: connection can go back without asyncpg's reset round.
     plain_reset: bool
@@ -105,9 +110,33 @@ def create(
     }
     options.update(kwargs)
     pool = Pool(dsn, **options)
+    pool.server = server_of(dsn, options)
     pool.release_timeout = release_timeout
     pool.plain_reset = options.get("reset") is _no_session_reset
     return pool
+
+
+def server_of(dsn: str | None, options: dict[str, Any]) -> str:
+    """Where a connection string and asyncpg's keyword arguments point: ``host:port``
+    as libpq would resolve it (keywords, then the URL and its query, then ``PGHOST``
+    and ``PGPORT``, then localhost:5432). A best effort for messages: asyncpg decides."""
+    host: Any = options.get("host")
+    port: Any = options.get("port")
+    if dsn:
+        try:
+            parts = urlsplit(dsn)
+            query = parse_qs(parts.query)
+            host = host or next(iter(query.get("host", ())), "") or unquote(parts.hostname or "")
+            port = port or next(iter(query.get("port", ())), "") or parts.port
+        except ValueError:  # a malformed URL: asyncpg will say what is wrong with it
+            pass
+    host = host or os.environ.get("PGHOST") or "localhost"
+    port = port or os.environ.get("PGPORT") or 5432
+    if isinstance(host, list | tuple):
+        host = ",".join(map(str, host))
+    if isinstance(port, list | tuple):
+        port = ",".join(map(str, port))
+    return f"{host}:{port}"
 
 
 async def _no_session_reset(connection: object) -> None:

@@ -9,16 +9,19 @@
 -- ---------------------------------------------------------------- enqueue
 
 -- name: job_insert :exec
-INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at)
+-- $9: the enqueue's trace context (JSON text), or NULL.
+INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
+                          trace_context)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
-        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)));
+        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb);
 
 -- name: job_insert_notify :exec
 -- The wakeup rides in the RETURNING list: queued only if the row was inserted, and
 -- cheaper for Postgres to run than a data-modifying CTE around the insert.
-INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at)
+INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
+                          trace_context)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
-        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)))
+        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb)
 RETURNING pg_notify('pgfleet_jobs', '');
 
 -- name: job_insert_plain :exec
@@ -40,19 +43,23 @@ FROM ROWS FROM (unnest($1::uuid[]), unnest($2::text[]), jsonb_array_elements($3:
      AS t(id, name, payload);
 
 -- name: job_insert_many :exec
-INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at)
+-- $9: the enqueue's trace context (JSON text) for every job, or NULL.
+INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
+                          trace_context)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name,
-       COALESCE(run_at, now() + make_interval(secs => delay))
+       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::timestamptz[], $8::float8[])
      AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay);
 
 -- name: job_insert_keyed_dedupe :many
+-- $10 (all three keyed inserts): the enqueue's trace context, or NULL.
 -- Keeps an existing queued or running job with the same key; returns only the
 -- rows it inserted (the caller looks the others up by key).
-INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at)
+INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
+                          trace_context)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay))
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
@@ -62,30 +69,33 @@ RETURNING id, job_key;
 -- name: job_insert_keyed_replace :many
 -- Overwrites a queued job with the same key, run_at included (debounce). A running
 -- job is left untouched and not returned.
-INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at)
+INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
+                          trace_context)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay))
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO UPDATE
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
-        run_at = EXCLUDED.run_at
+        run_at = EXCLUDED.run_at, trace_context = EXCLUDED.trace_context
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
 -- name: job_insert_keyed_preserve_run_at :many
 -- Overwrites a queued job with the same key but keeps its run_at.
-INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at)
+INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
+                          trace_context)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay))
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO UPDATE
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
-        max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name
+        max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
+        trace_context = EXCLUDED.trace_context
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
@@ -319,13 +329,14 @@ WITH outcome AS (
 SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
        NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
        NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
-       NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token
+       NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
+       NULL::text AS trace_context
 FROM done d CROSS JOIN (SELECT count(*) FROM wake) w
 UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
-       c.lock_token
+       c.lock_token, c.trace_context::text
 FROM claimed c;
 
 -- name: worker_heartbeat :one

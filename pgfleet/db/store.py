@@ -14,11 +14,12 @@ import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import cast
+from typing import Any, TypeVar, cast
 from uuid import UUID
 
 from pgfleet.db.access import AQ
 from pgfleet.db.console import CQ
+from pgfleet.db.plans import Batch, Statement, Steps, cancel_steps, get_steps
 from pgfleet.db.queries import Q
 from pgfleet.db.translate import (
     is_connection_error,
@@ -27,7 +28,9 @@ from pgfleet.db.translate import (
     worker_from_record,
 )
 from pgfleet.db.types import Connection, Executor, Pool, Record
-from pgfleet.jobs import Job, JobKeyMode, JobStatus, WorkerInfo
+from pgfleet.jobs import Job, JobStatus, WorkerInfo
+
+T = TypeVar("T")
 
 __all__ = [
     "CronRegistration",
@@ -72,13 +75,6 @@ _CRON = translate_errors("cron")
 _CRON_PREPARE = translate_errors("cron prepare")
 _CONSOLE = translate_errors("console")
 _ACCESS = translate_errors("access")
-
-_KEYED_QUERY = {
-    JobKeyMode.DEDUPE: Q.job_insert_keyed_dedupe,
-    JobKeyMode.REPLACE: Q.job_insert_keyed_replace,
-    JobKeyMode.PRESERVE_RUN_AT: Q.job_insert_keyed_preserve_run_at,
-}
-
 
 # ---------------------------------------------------------------- result records
 
@@ -225,118 +221,52 @@ class Store:
 
     # ------------------------------------------------------------ enqueue
 
-    async def job_insert_plain(
-        self, *, id: UUID, name: str, payload: str, max_attempts: int, notify: bool
-    ) -> None:
-        """One job with default options (``job_insert_plain``, or
-        ``job_insert_plain_notify`` when ``notify``). ``payload`` is JSON text."""
-        query = Q.job_insert_plain_notify if notify else Q.job_insert_plain
+    async def enqueue_one(self, statement: Statement) -> None:
+        """Run a single enqueue's statement (:meth:`Enqueuer.single`)."""
         with _ENQUEUE:
-            await self.db.execute(query.sql, id, name, payload, max_attempts)
+            await self.db.execute(statement.query.sql, *statement.args)
 
-    async def job_insert(
-        self,
-        *,
-        id: UUID,
-        name: str,
-        payload: str,
-        priority: int,
-        max_attempts: int,
-        queue_name: str | None,
-        run_at: datetime | None,
-        delay_seconds: float,
-        notify: bool,
-    ) -> None:
-        """One job (``job_insert``, or ``job_insert_notify`` when ``notify``); it
-        runs at ``run_at``, else ``delay_seconds`` from now."""
-        query = Q.job_insert_notify if notify else Q.job_insert
-        with _ENQUEUE:
-            await self.db.execute(
-                query.sql,
-                id,
-                name,
-                payload,
-                priority,
-                max_attempts,
-                queue_name,
-                run_at,
-                delay_seconds,
-            )
+    async def enqueue_batch(
+        self, batch: Batch, *, notify: bool, trace: str | None = None
+    ) -> list[UUID]:
+        """Run a batch's statements on one connection, in a transaction of their
+        own when they need one (a savepoint inside the caller's); return the ids
+        in request order."""
+        async with self.acquire("enqueue_many") as bound:
+            if not batch.atomic(notify):
+                return await bound.run_plan(batch.steps(notify, trace), _ENQUEUE_MANY)
+            async with bound.transaction("enqueue_many") as tx:
+                return await tx.run_plan(batch.steps(notify, trace), _ENQUEUE_MANY)
 
-    async def job_insert_many_plain(
-        self, *, ids: Sequence[UUID], names: Sequence[str], payloads: str, max_attempts: int
-    ) -> None:
-        """Jobs with default options; ``payloads`` is one JSON array, in id order."""
-        with _ENQUEUE_MANY:
-            await self.db.execute(Q.job_insert_many_plain.sql, ids, names, payloads, max_attempts)
+    async def run_plan(self, steps: Steps[T], errors: translate_errors) -> T:
+        """Run a plan of :mod:`pgfleet.db.plans` (statements that depend on the
+        previous one's answer) on this store's pool or connection."""
+        db = self.db
+        try:
+            statement = next(steps)
+            while True:
+                sql, args, shape = statement.query.sql, statement.args, statement.query.shape
+                with errors:
+                    if shape == ":many":
+                        answer: Any = await db.fetch(sql, *args)
+                    elif shape == ":one":
+                        answer = await db.fetchrow(sql, *args)
+                    elif shape == ":val":
+                        answer = await db.fetchval(sql, *args)
+                    else:
+                        await db.execute(sql, *args)
+                        answer = None
+                statement = steps.send(answer)
+        except StopIteration as done:
+            return cast(T, done.value)
 
-    async def job_insert_many(
-        self,
-        *,
-        ids: Sequence[UUID],
-        names: Sequence[str],
-        payloads: Sequence[str],
-        priorities: Sequence[int],
-        max_attempts: Sequence[int],
-        queue_names: Sequence[str | None],
-        run_ats: Sequence[datetime | None],
-        delays: Sequence[float],
-    ) -> None:
-        """Jobs without a key, one column per argument."""
-        with _ENQUEUE_MANY:
-            await self.db.execute(
-                Q.job_insert_many.sql,
-                ids,
-                names,
-                payloads,
-                priorities,
-                max_attempts,
-                queue_names,
-                run_ats,
-                delays,
-            )
+    async def get(self, job_id: UUID | str) -> Job | None:
+        """The job with that id, or None (:func:`plans.get_steps`)."""
+        return await self.run_plan(get_steps(job_id), _GET)
 
-    async def job_insert_keyed(
-        self,
-        *,
-        mode: JobKeyMode,
-        ids: Sequence[UUID],
-        names: Sequence[str],
-        payloads: Sequence[str],
-        priorities: Sequence[int],
-        max_attempts: Sequence[int],
-        queue_names: Sequence[str | None],
-        job_keys: Sequence[str],
-        run_ats: Sequence[datetime | None],
-        delays: Sequence[float],
-    ) -> dict[str, UUID]:
-        """Keyed jobs in ``mode`` (``job_insert_keyed_dedupe``, ``_replace`` or
-        ``_preserve_run_at``): the id of each job it inserted or overwrote, by key."""
-        with _ENQUEUE_MANY:
-            rows = await self.db.fetch(
-                _KEYED_QUERY[mode].sql,
-                ids,
-                names,
-                payloads,
-                priorities,
-                max_attempts,
-                queue_names,
-                job_keys,
-                run_ats,
-                delays,
-            )
-        return {r["job_key"]: r["id"] for r in rows}
-
-    async def job_ids_by_active_key(self, *, keys: Sequence[str]) -> dict[str, UUID]:
-        """The queued or running job holding each of ``keys``, by key."""
-        with _ENQUEUE_MANY:
-            rows = await self.db.fetch(Q.job_ids_by_active_key.sql, keys)
-        return {r["job_key"]: r["id"] for r in rows}
-
-    async def notify_jobs(self) -> None:
-        """Wake the workers when (and if) the current transaction commits."""
-        with _ENQUEUE_MANY:
-            await self.db.execute(Q.notify_jobs.sql)
+    async def cancel(self, job_id: UUID | str) -> Job:
+        """Cancel a queued job (:func:`plans.cancel_steps`)."""
+        return await self.run_plan(cancel_steps(job_id), _CANCEL)
 
     async def notify_wakeup(self) -> None:
         """Wake the workers now (a committed enqueue's coalesced wakeup)."""
@@ -344,11 +274,6 @@ class Store:
             await self.db.execute(Q.notify_wakeup.sql)
 
     # ------------------------------------------------------------ reading jobs
-
-    async def job_get(self, *, id: UUID) -> Job | None:
-        with _GET:
-            row = await self.db.fetchrow(Q.job_get.sql, id)
-        return None if row is None else job_from_record(row)
 
     async def job_status_get(self, *, id: UUID) -> JobStatus | None:
         with _STATUS:
@@ -391,12 +316,6 @@ class Store:
         return {r["name"]: int(r["n"]) for r in rows}
 
     # ------------------------------------------------------------ management
-
-    async def job_cancel(self, *, id: UUID) -> Job | None:
-        """The job cancelled, or None when it is not queued (or not there)."""
-        with _CANCEL:
-            row = await self.db.fetchrow(Q.job_cancel.sql, id)
-        return None if row is None else job_from_record(row)
 
     async def job_retry(self, *, id: UUID) -> Job | None:
         """The job queued again, or None when it is not failed or cancelled."""

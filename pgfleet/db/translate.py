@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import asyncpg
 
 from pgfleet.errors import (
+    DatabaseRefused,
     DatabaseUnavailable,
     DuplicateJobKey,
     SchemaNotReady,
@@ -41,6 +42,26 @@ _MISSING_SCHEMA: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.UndefinedObjectError,
     asyncpg.exceptions.UndefinedFunctionError,
 )
+
+
+#: The server answered, but refused the login: no such database or role, or a wrong
+#: password. Not an outage: retrying cannot help until the configuration changes.
+_LOGIN_REFUSED: tuple[type[BaseException], ...] = (
+    asyncpg.exceptions.InvalidCatalogNameError,
+    asyncpg.exceptions.InvalidAuthorizationSpecificationError,
+    asyncpg.exceptions.InvalidPasswordError,
+)
+
+
+def login_refused(exc: BaseException, where: str = "") -> DatabaseRefused | None:
+    """The library's error for a refused login (``where``: the server, named in the
+    message), or None when ``exc`` is something else."""
+    if isinstance(exc, DatabaseRefused):
+        return exc
+    if not isinstance(exc, _LOGIN_REFUSED):
+        return None
+    at = f" at {where}" if where else ""
+    return DatabaseRefused(f"cannot connect to the database{at}: {exc}")
 
 
 def is_connection_error(exc: BaseException) -> bool:
@@ -77,26 +98,41 @@ def _translate(exc: BaseException, what: str) -> None:
     when it has none."""
     if isinstance(exc, asyncpg.exceptions.UniqueViolationError):
         if exc.constraint_name == "jobs_key_active":
-            key = _detail_value(exc)
-            raise DuplicateJobKey(
-                f"{what}: job_key {key!r} is held by another queued or running job", key
-            ) from None
+            raise duplicate_key(what, getattr(exc, "detail", "")) from None
         return
     if isinstance(exc, asyncpg.exceptions.CheckViolationError):
-        raise ValidationError(f"{what}: {exc.message} ({exc.constraint_name})") from None
+        raise check_failed(what, exc.message, exc.constraint_name) from None
+    if isinstance(exc, _LOGIN_REFUSED):
+        raise DatabaseRefused(f"{what}: cannot connect to the database: {exc}") from None
     if isinstance(exc, _MISSING_SCHEMA):
-        raise SchemaNotReady(
-            f"{what}: the pgfleet schema is missing or outdated ({exc}); "
-            "run pgfleet.migrate(pool) or `pgfleet migrate`"
-        ) from None
+        raise schema_not_ready(what, exc) from None
     if isinstance(exc, _UNAVAILABLE):
         if isinstance(exc, asyncpg.exceptions.InterfaceError) and "another operation" in str(exc):
             return  # a usage error on a shared connection, not an outage
         raise DatabaseUnavailable(f"{what}: database unavailable: {exc}") from exc
 
 
-def _detail_value(exc: Any) -> str:
-    detail = getattr(exc, "detail", "") or ""
+# The library's errors for what Postgres refused, worded once for every driver's
+# translation table (asyncpg's above, psycopg's in pgfleet.db.psycopg_driver).
+
+
+def duplicate_key(what: str, detail: str | None) -> DuplicateJobKey:
+    key = _detail_value(detail or "")
+    return DuplicateJobKey(f"{what}: job_key {key!r} is held by another queued or running job", key)
+
+
+def check_failed(what: str, message: object, constraint: object) -> ValidationError:
+    return ValidationError(f"{what}: {message} ({constraint})")
+
+
+def schema_not_ready(what: str, exc: BaseException) -> SchemaNotReady:
+    return SchemaNotReady(
+        f"{what}: the pgfleet schema is missing or outdated ({exc}); "
+        "run pgfleet.migrate(pool) or `pgfleet migrate`"
+    )
+
+
+def _detail_value(detail: str) -> str:
     # "Key (job_key)=(abc) already exists."
     start, end = detail.find(")=("), detail.rfind(") ")
     return detail[start + 3 : end] if start >= 0 and end > start else "?"
@@ -126,7 +162,15 @@ def job_from_record(r: Record) -> Job:
         last_error=r["last_error"],
         worker_id=r["locked_by"],
         lock_token=r["lock_token"],
+        trace_context=_json_text(r["trace_context"]),
     )
+
+
+def _json_text(value: Any) -> str | None:
+    """A jsonb value as JSON text (asyncpg reads text, psycopg a parsed value)."""
+    if value is None or isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
 
 
 _EPOCH_MIN = datetime.min.replace(tzinfo=UTC)
@@ -160,6 +204,7 @@ class _Stamps(dict[float, datetime]):
 ROUND_COLUMNS = (
     "claimed", "held", "id", "name", "payload", "attempt", "max_attempts", "priority",
     "queue_name", "job_key", "run_at", "created_at", "started_at", "last_error", "lock_token",
+    "trace_context",
 )  # fmt: skip
 
 
@@ -190,11 +235,11 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
     ahead: list[tuple[int, float, UUID, Job]] = []
     for row, payload in zip(claimed, values, strict=True):
         (_, held, id_, name, _, attempt, max_attempts, priority, queue_name, job_key,
-         run_at, created_at, started_at, last_error, token) = row  # fmt: skip
+         run_at, created_at, started_at, last_error, token, trace) = row  # fmt: skip
         job = make_job(
             id_, name, payload, running, attempt, max_attempts, priority, queue_name,
             job_key, stamps[run_at], stamps[created_at], stamps[started_at], None,
-            last_error, worker_id, token,
+            last_error, worker_id, token, trace,
         )  # fmt: skip
         if held:
             ahead.append((priority, run_at, id_, job))

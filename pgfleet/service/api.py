@@ -24,6 +24,8 @@ from uuid import UUID
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from pgfleet._runtime import tracing
+from pgfleet._runtime.tracing import otel_context
 from pgfleet.errors import (
     DatabaseUnavailable,
     DuplicateJobKey,
@@ -302,6 +304,17 @@ class JobsApi:
 
     @requires(Access.ENQUEUE)
     async def enqueue(self, request: web.Request) -> web.Response:
+        parent = tracing.incoming(request.headers)
+        if parent is None:
+            return await self._enqueue(request)
+        # The caller's trace goes on: the enqueue span (and the job's handler) join it.
+        token = otel_context.attach(parent)
+        try:
+            return await self._enqueue(request)
+        finally:
+            otel_context.detach(token)
+
+    async def _enqueue(self, request: web.Request) -> web.Response:
         body = parse_enqueue(await self._read_json(request), self._limits)
         await self._admit(body)
         if not body.batch:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pgfleet.db.connect import Pool
 from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, AppPool, BoundedPool
-from pgfleet.errors import PgfleetError
+from pgfleet.errors import PgfleetError, ValidationError
 from pgfleet.queue import NotifyMode, Queue, create_pool
 from pgfleet.service import credentials
 from pgfleet.service.access import AccessConfig, Gate
@@ -31,6 +31,7 @@ from pgfleet.service.guard import AllowedHosts, FailureBackoff, TrustedProxies, 
 from pgfleet.service.process import (
     NO_DATABASE,
     Stopper,
+    UsageError,
     catch_early_signals,
     configure_logging,
     env_default,
@@ -195,7 +196,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--app",
         default=env_default("APP"),
-        help="the Registry whose job names --strict accepts, as module:attribute [PGFLEET_APP]",
+        help="the application's Registry, as module:attribute [PGFLEET_APP]: payloads that "
+        "do not decode into their handler's declared type are refused with 422 "
+        "(--no-payload-check turns that off), --strict refuses job names it has no "
+        "handler for, and the queue gauges list its job names",
     )
     parser.add_argument(
         "--notify",
@@ -230,8 +234,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _check(args: argparse.Namespace) -> None:
     """Validate and convert every option, or exit with a message naming it."""
 
-    def fail(message: str) -> SystemExit:
-        return SystemExit(f"pgfleet api: {message}")
+    def fail(message: str) -> UsageError:
+        return UsageError(f"pgfleet api: {message}")
 
     if not args.dsn:
         raise fail(NO_DATABASE)
@@ -277,14 +281,14 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def build_access(args: argparse.Namespace) -> AccessConfig:
-    """Credentials, proxies, allowed hosts and sessions; SystemExit naming a problem."""
+    """Credentials, proxies, allowed hosts and sessions; UsageError naming a problem."""
     try:
         creds = credentials.load(
             entries=args.credentials, file=args.credentials_file, legacy_token=args.auth_token
         )
         proxies = TrustedProxies(parse_networks(args.trusted_proxies, "--trusted-proxies"))
     except ValueError as exc:  # CredentialError included
-        raise SystemExit(f"pgfleet api: {exc}") from None
+        raise UsageError(f"pgfleet api: {exc}") from None
     hosts = None
     if args.allowed_hosts or not creds:
         hosts = AllowedHosts.parse(args.allowed_hosts, args.host)
@@ -453,11 +457,13 @@ def main(args: argparse.Namespace) -> int:
     try:
         config = build_config(args)
     except (PgfleetError, AppError) as exc:
-        raise SystemExit(f"pgfleet api: {exc}") from None
+        raise UsageError(f"pgfleet api: {exc}") from None
     _announce_access(config.access)
     loop_name = install_uvloop()
     log.info("pgfleet api starting on %s (notify: %s)", loop_name, args.notify)
     try:
         return asyncio.run(serve(args, config))
+    except (ValidationError, AppError) as exc:  # found once the loop runs (e.g. job names)
+        raise UsageError(f"pgfleet api: {exc}") from None
     except (PgfleetError, PortInUse) as exc:
         raise SystemExit(f"pgfleet api: {exc}") from None

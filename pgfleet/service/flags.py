@@ -40,7 +40,16 @@ def add_log_level(parser: argparse.ArgumentParser) -> None:
 
 
 def add_pgbouncer(parser: argparse.ArgumentParser) -> None:
-    add_option(parser, OPTIONS_BY_FIELD["pgbouncer"])
+    """--pgbouncer for the commands that only use a pool (api, jobs): the worker's
+    own flag (from ``WORKER_OPTIONS``) also speaks of LISTEN, which they do not do."""
+    option = OPTIONS_BY_FIELD["pgbouncer"]
+    parser.add_argument(
+        option.flag,
+        action="store_true",
+        default=env_flag(option.env),
+        help="--dsn goes through a pooler in transaction mode (PgBouncer): no named "
+        f"prepared statements, no session state [{option.variable}]",
+    )
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,14 @@ from urllib.parse import urlsplit
 
 log = logging.getLogger("pgfleet")
 
+#: Exit statuses of every ``pgfleet`` command (``pgfleet jobs`` adds 3 and 4):
+#: the database could not be used (unreachable, refused the login, no schema), or
+#: the process could not run (a port in use).
+EXIT_DATABASE = 1
+#: Bad input: a missing or malformed option, database URL or ``--app``; argparse's
+#: own usage errors exit 2 too.
+EXIT_USAGE = 2
+
 #: The variable every ``--dsn`` flag falls back to.
 DATABASE_URL = "PGFLEET_DATABASE_URL"
 #: Said by every command started without a database.
@@ -63,12 +71,17 @@ def dsn_problem(dsn: str) -> str | None:
     return None
 
 
+class UsageError(Exception):
+    """Bad input to a command: the ``pgfleet`` entry point prints the message, one
+    line, and exits with :data:`EXIT_USAGE`."""
+
+
 def check_dsn(dsn: str | None, command: str) -> None:
     """Refuse a malformed connection string before anything starts (a missing one
     is the command's to refuse)."""
     problem = dsn_problem(dsn) if dsn else None
     if problem:
-        raise SystemExit(f"pgfleet {command}: {problem}")
+        raise UsageError(f"pgfleet {command}: {problem}")
 
 
 # ---------------------------------------------------------------- logging and the loop

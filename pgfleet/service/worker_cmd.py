@@ -17,7 +17,7 @@ from typing import Any
 from pgfleet.config import WorkerConfig
 from pgfleet.db.deadlines import AppPool, BoundedPool, close_pool
 from pgfleet.db.transaction_pooling import connection_budget
-from pgfleet.errors import PgfleetError
+from pgfleet.errors import PgfleetError, ValidationError
 from pgfleet.queue import create_pool
 from pgfleet.registry import Registry
 from pgfleet.service.apps import AppError, load_crons, load_registry
@@ -33,6 +33,7 @@ from pgfleet.service.process import (
     DATABASE_URL,
     NO_DATABASE,
     Stopper,
+    UsageError,
     catch_early_signals,
     configure_logging,
     env_default,
@@ -90,10 +91,12 @@ def build_config(args: argparse.Namespace) -> WorkerConfig:
     return worker_config(args)
 
 
-async def serve(args: argparse.Namespace) -> int:
-    """Run one worker process until signalled. Returns the exit code."""
+async def serve(args: argparse.Namespace, registry: Registry | None = None) -> int:
+    """Run one worker process until signalled. Returns the exit code. ``registry``:
+    served instead of ``--app``'s (Django's ``manage.py pgfleet_worker``)."""
     config = build_config(args)
-    registry = load_registry(args.app)
+    if registry is None:
+        registry = load_registry(args.app)
     crons = load_crons(args.crons)
     pool_size = pool_size_of(args, config)
     stopper = Stopper()
@@ -211,9 +214,9 @@ def main(args: argparse.Namespace) -> int:
     catch_early_signals()
     configure_logging(args.log_level)
     if not args.dsn:
-        raise SystemExit(f"pgfleet worker: {NO_DATABASE}")
+        raise UsageError(f"pgfleet worker: {NO_DATABASE}")
     if not args.app:
-        raise SystemExit(
+        raise UsageError(
             "pgfleet worker: no application: pass --app module:registry or set PGFLEET_APP"
         )
     _check_numbers(args)
@@ -225,7 +228,7 @@ def main(args: argparse.Namespace) -> int:
         load_registry(args.app)  # fail fast, before the event loop, on a bad --app
         load_crons(args.crons)
     except (PgfleetError, AppError) as exc:
-        raise SystemExit(f"pgfleet worker: {exc}") from None
+        raise UsageError(f"pgfleet worker: {exc}") from None
     if args.processes > 1:
 
         def before() -> None:
@@ -238,7 +241,9 @@ def main(args: argparse.Namespace) -> int:
     log.info("pgfleet worker starting on %s", loop_name)
     try:
         code = asyncio.run(serve(args))
-    except (PgfleetError, AppError, PortInUse) as exc:
+    except (ValidationError, AppError) as exc:  # found once the loop runs (e.g. job names)
+        raise UsageError(f"pgfleet worker: {exc}") from None
+    except (PgfleetError, PortInUse) as exc:
         raise SystemExit(f"pgfleet worker: {exc}") from None
     exit_despite_stuck_threads(code)
     return code
@@ -251,9 +256,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
             number = int(value)
         except (TypeError, ValueError):
             flag = name.replace("_", "-")
-            raise SystemExit(
-                f"pgfleet worker: --{flag} must be an integer, got {value!r}"
-            ) from None
+            message = f"pgfleet worker: --{flag} must be an integer, got {value!r}"
+            raise UsageError(message) from None
         if number < low or (name == "metrics_port" and number > 65535):
-            raise SystemExit(f"pgfleet worker: --{name.replace('_', '-')} out of range: {number}")
+            raise UsageError(f"pgfleet worker: --{name.replace('_', '-')} out of range: {number}")
         setattr(args, name, number)

@@ -662,6 +662,27 @@ async def test_database_down_gives_503_and_the_api_keeps_running(
     assert await api.stop() == 0
 
 
+@pytest.mark.parametrize(
+    "target",
+    [
+        "postgres@127.0.0.1:5432/pgfleet_no_such_database",
+        "pgfleet_no_such_role@127.0.0.1:5432/postgres",
+    ],
+)
+async def test_a_missing_database_or_role_gives_503_with_retry_after_not_500(
+    fleet: Fleet, http: aiohttp.ClientSession, target: str
+) -> None:
+    api = await fleet.api(dsn=f"postgresql://{target}")
+    reply = await post_job(http, api.url, {"name": "record"})
+    assert (reply.status, reply.body["error"]) == (503, "database unavailable")
+    assert reply.headers["Retry-After"] == "1", "it may be created any moment: worth retrying"
+    assert (await call(http, "GET", f"{api.url}/jobs/{uuid.uuid4()}")).status == 503
+    ready = await call(http, "GET", f"{api.url}/readyz")
+    assert ready.status == 503 and "does not exist" in ready.body["reason"]
+    assert "Traceback" not in api.proc.output()
+    assert await api.stop() == 0
+
+
 async def test_missing_schema_gives_503_without_retry_after(
     fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
 ) -> None:

@@ -49,7 +49,7 @@ class Profile:
 
 
 PROFILES = {
-    # A few minutes on 2 cores: the README's `make test` and CI run this one.
+    # A few minutes on 2 cores: `make test` and CI run this one.
     "short": Profile(
         name="short",
         jobs=400,
@@ -63,7 +63,7 @@ PROFILES = {
         hang_s=5,
         refuse_s=5,
         heartbeat=2,
-        dead_worker_timeout=20,  # above the 15 s database_timeout, as the README advises
+        dead_worker_timeout=20,  # above the 15 s database_timeout, as docs/design/reliability.md advises
         grace=3,
         stall_s=60,
         sigterm_slack_s=30,

@@ -152,8 +152,12 @@ async def test_each_job_runs_in_a_span_without_its_payload(pool: asyncpg.Pool) -
         await drain(pool, registry)
     finally:
         tracing._tracer = original
-    (span,) = exporter.get_finished_spans()
+    enqueued, span = exporter.get_finished_spans()
+    assert enqueued.name == "pgfleet.enqueue traced"
     assert span.name == "pgfleet.job traced"
+    # The job's span continues the enqueue's trace (see pgfleet/_runtime/tracing.py).
+    assert span.parent is not None and span.parent.span_id == enqueued.context.span_id
+    assert span.context.trace_id == enqueued.context.trace_id
     assert span.attributes is not None
     assert span.attributes["pgfleet.job.id"] == str(job_id)
     assert span.attributes["pgfleet.job.attempt"] == 1

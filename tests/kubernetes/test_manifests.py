@@ -2,7 +2,7 @@
 
 Built-in kinds are checked against the Kubernetes API's own schemas
 (``kubernetes-validate``, strict: an unknown field is an error) for the oldest
-Kubernetes the README supports and the newest the package knows; KEDA and
+Kubernetes the documentation supports and the newest the package knows; KEDA and
 Prometheus Operator kinds against the closed schemas in ``crds/``. Then what the
 issue asks of the objects themselves: probes, grace periods, security context,
 Secrets by reference only, rules identical to deploy/rules/, scrape job names that
@@ -33,7 +33,7 @@ from tests.kubernetes.support import (
 )
 from tools import k8s_rules
 
-#: The oldest Kubernetes minor the README supports, and the newest schemas we have.
+#: The oldest Kubernetes minor the documentation supports, and the newest schemas we have.
 KUBERNETES_VERSIONS = ("1.27", kubernetes_validate.latest_version())
 CUSTOM_KINDS = {"ScaledObject", "TriggerAuthentication", "PodMonitor", "PrometheusRule"}
 #: PGFLEET_SHUTDOWN_GRACE_PERIOD must fit in the pod's termination grace period.

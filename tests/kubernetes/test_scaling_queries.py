@@ -147,7 +147,7 @@ async def test_the_triggers_run_as_the_read_only_keda_role(pool: asyncpg.Pool) -
 
 
 def for_kinds(query: str, kinds: list[str]) -> str:
-    """The README's edit for a Deployment serving only some kinds: after every
+    """docs/operations/kubernetes.md's edit for a Deployment serving only some kinds: after every
     status condition, AND name = ANY ('{...}'::text[])."""
     literal = "'{" + ",".join(kinds) + "}'::text[]"
     edited, n = re.subn(

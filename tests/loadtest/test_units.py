@@ -156,8 +156,8 @@ def test_the_committed_full_run_rebuilds_into_a_consistent_report(tmp_path: Path
 
 
 def test_the_load_tests_use_pgfleets_public_names_only() -> None:
-    """No private module (pgfleet._x) and no SQL layer (pgfleet.db): the statements
-    the database user runs come from pgfleet.sql."""
+    """No private module (pgfleet._x) and no SQL layer (pgfleet.db): the database
+    user enqueues through pgfleet.contrib.psycopg."""
     import ast
 
     for path in sorted((Path(__file__).resolve().parents[2] / "loadtest").glob("*.py")):

@@ -10,6 +10,7 @@ from pgfleet import NotifyMode
 from pgfleet.cli import build_parser
 from pgfleet.db.deadlines import AppPool
 from pgfleet.service import api_cmd
+from pgfleet.service.process import UsageError
 
 DSN = "postgresql://app@db:5432/app"
 
@@ -40,5 +41,5 @@ def test_notify_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("value", ["sometimes", "", "TRANSACTION"])
 def test_unknown_notify_mode_is_refused_naming_the_choices(value: str) -> None:
     args = build_parser().parse_args(["api", "--dsn", DSN, "--notify", value])
-    with pytest.raises(SystemExit, match="--notify must be one of coalesced, transaction, off"):
+    with pytest.raises(UsageError, match="--notify must be one of coalesced, transaction, off"):
         api_cmd._check(args)

@@ -34,11 +34,12 @@ class Lock:
 
 
 LOCKS = (
-    Lock("dev", ("dev", "service", "embedded", "loadtest"), True, "make venv, .ci/run"),
+    Lock("dev", ("dev", "docs", "service", "embedded", "loadtest"), True, "make venv, .ci/run"),
     Lock("service", ("service",), False, "worker/Dockerfile (runtime)"),
     Lock("loadtest", ("service", "loadtest"), False, "worker/Dockerfile (loadtest)"),
     Lock("fleet", ("service", "embedded"), False, "make fleet"),
     Lock("build", (), True, "worker/Dockerfile (builds the pgfleet wheel)"),
+    Lock("release", ("service", "typed", "tracing"), False, "tools/release_check.py (CI)"),
 )
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)", re.MULTILINE)

@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-def check(args: argparse.Namespace, fail: Callable[[str], SystemExit]) -> None:
+def check(args: argparse.Namespace, fail: Callable[[str], Exception]) -> None:
     """Convert the lifetimes to numbers, or exit naming the flag."""
     for flag, _env, _default, low, high, _text in _LIFETIMES:
         name = flag[2:].replace("-", "_")

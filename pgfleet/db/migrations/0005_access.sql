@@ -1,4 +1,4 @@
--- pgfleet 0004: access to the jobs API and the console that every replica agrees on.
+-- pgfleet 0005: access to the jobs API and the console that every replica agrees on.
 --
 -- revoked_credentials: credential names refused from now on, whatever their secret.
 -- Credentials themselves live in each API's configuration (their secrets never

@@ -1,0 +1,199 @@
+"""Enqueue from psycopg 3, sync or async, inside the application's own transaction.
+
+::
+
+    from pgfleet.contrib.psycopg import Producer
+
+    producer = Producer()
+    with psycopg.connect(dsn) as conn, conn.transaction():
+        order_id = create_order(conn)
+        producer.enqueue(conn, "send_receipt", {"order": order_id})
+    # committed together; had the block raised, neither the order nor the job exists
+
+:class:`Producer` (for ``psycopg.Connection``) and :class:`AsyncProducer` (for
+``psycopg.AsyncConnection``) check, encode and write exactly as
+:class:`pgfleet.Queue` does, from the same plans (:mod:`pgfleet.db.plans`), with
+every :class:`~pgfleet.EnqueueOptions` field, and raise the same errors. They write
+on the connection they are given and never commit it: a job becomes visible to
+workers when the caller's transaction commits (on an autocommit connection, when
+the statement does). Wakeups ride inside that transaction. Needs the ``psycopg``
+extra (psycopg 3.2 or later).
+
+Waiting for a job's result is not here yet: it arrives with ``Queue.wait`` (job
+results), as a plan both producers run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from contextlib import AbstractContextManager
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from pgfleet._runtime import tracing
+from pgfleet.db import psycopg_driver as driver
+from pgfleet.db.plans import (
+    DEFAULT_MAX_ATTEMPTS,
+    Batch,
+    Enqueuer,
+    Statement,
+    cancel_steps,
+    get_steps,
+    notify_statement,
+)
+from pgfleet.errors import InvalidOptions
+from pgfleet.jobs import EnqueueOptions, EnqueueRequest, Job, NotifyMode
+from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES
+
+__all__ = ["AsyncProducer", "Producer"]
+
+_GET = driver.translate_psycopg("get")
+_CANCEL = driver.translate_psycopg("cancel")
+
+
+class _Producing:
+    """What both producers share: settings, checks and the plans to run."""
+
+    def __init__(
+        self,
+        *,
+        notify: NotifyMode | str = NotifyMode.COALESCED,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        known_names: Any = None,
+        check_payloads: bool = False,
+    ) -> None:
+        try:
+            self.notify_mode = NotifyMode(notify)
+        except ValueError:
+            allowed = ", ".join(m.value for m in NotifyMode)
+            raise InvalidOptions(
+                f"unknown notify mode {notify!r}: expected one of {allowed}"
+            ) from None
+        self._enqueuer = Enqueuer(
+            max_payload_bytes=max_payload_bytes,
+            default_max_attempts=default_max_attempts,
+            known_names=known_names,
+            check_payloads=check_payloads,
+        )
+
+    def _single(
+        self, name: str, payload: Any, options: EnqueueOptions | None, trace: str | None = None
+    ) -> tuple[UUID, Statement] | Batch:
+        """The statement of one job, or (a keyed job) a batch of one."""
+        opts = self._enqueuer.options(options)
+        if opts.job_key is not None:
+            return self._enqueuer.batch([EnqueueRequest(name, payload, opts)])
+        notify = opts.runs_now and self.notify_mode is not NotifyMode.OFF
+        return self._enqueuer.single(name, payload, opts, notify=notify, trace=trace)
+
+    @staticmethod
+    def _span(name: str, count: int = 1) -> AbstractContextManager[str | None]:
+        """The enqueue's producer span (see pgfleet._runtime.tracing), yielding the
+        trace context to store; nothing while no tracer provider is installed."""
+        tracer = tracing.current_tracer()
+        if tracer is None:
+            return contextlib.nullcontext()
+        return tracing.enqueue_span(tracer, name, count)
+
+    def _notifies(self, batch: Batch) -> bool:
+        return batch.any_runs_now and self.notify_mode is not NotifyMode.OFF
+
+
+class Producer(_Producing):
+    """Enqueue on a ``psycopg.Connection``, in its transaction.
+
+    Settings as :class:`pgfleet.Queue`'s: ``notify``, ``max_payload_bytes``,
+    ``default_max_attempts``, ``known_names`` (strict mode) and ``check_payloads``.
+    One producer serves any number of connections and threads.
+    """
+
+    def enqueue(
+        self,
+        connection: psycopg.Connection[Any],
+        name: str,
+        payload: Any = None,
+        *,
+        options: EnqueueOptions | None = None,
+    ) -> UUID:
+        """Enqueue one job on ``connection`` and return its id (an existing job's id
+        when its job_key deduplicates)."""
+        with self._span(str(name)) as trace:
+            plan = self._single(name, payload, options, trace)
+            if isinstance(plan, Batch):
+                ids = driver.run_batch(connection, plan, notify=self._notifies(plan), trace=trace)
+                return ids[0]  # type: ignore[no-any-return]
+            job_id, statement = plan
+            driver.run_statement(connection, statement, driver.ENQUEUE)
+            return job_id
+
+    def enqueue_many(
+        self, connection: psycopg.Connection[Any], requests: Iterable[EnqueueRequest]
+    ) -> list[UUID]:
+        """Enqueue a batch atomically (a savepoint inside the caller's transaction)
+        and return the ids in request order."""
+        batch = self._enqueuer.batch(requests)
+        if not batch.size:
+            return []
+        with self._span(tracing.batch_name(batch.names()), batch.size) as trace:
+            return driver.run_batch(connection, batch, notify=self._notifies(batch), trace=trace)
+
+    def notify(self, connection: psycopg.Connection[Any]) -> None:
+        """Wake the workers: when the connection's transaction commits, or at once
+        on an autocommit connection (for jobs enqueued with ``notify="off"``)."""
+        driver.run_statement(connection, notify_statement(), driver.ENQUEUE)
+
+    def get(self, connection: psycopg.Connection[Any], job_id: UUID | str) -> Job | None:
+        """The job with that id, or None."""
+        return driver.run(connection, get_steps(job_id), _GET)
+
+    def cancel(self, connection: psycopg.Connection[Any], job_id: UUID | str) -> Job:
+        """Cancel a queued job, as :meth:`pgfleet.Queue.cancel` does."""
+        return driver.run(connection, cancel_steps(job_id), _CANCEL)
+
+
+class AsyncProducer(_Producing):
+    """Enqueue on a ``psycopg.AsyncConnection``, in its transaction (see
+    :class:`Producer`)."""
+
+    async def enqueue(
+        self,
+        connection: psycopg.AsyncConnection[Any],
+        name: str,
+        payload: Any = None,
+        *,
+        options: EnqueueOptions | None = None,
+    ) -> UUID:
+        with self._span(str(name)) as trace:
+            plan = self._single(name, payload, options, trace)
+            if isinstance(plan, Batch):
+                ids = await driver.arun_batch(
+                    connection, plan, notify=self._notifies(plan), trace=trace
+                )
+                return ids[0]  # type: ignore[no-any-return]
+            job_id, statement = plan
+            await driver.arun_statement(connection, statement, driver.ENQUEUE)
+            return job_id
+
+    async def enqueue_many(
+        self, connection: psycopg.AsyncConnection[Any], requests: Iterable[EnqueueRequest]
+    ) -> list[UUID]:
+        batch = self._enqueuer.batch(requests)
+        if not batch.size:
+            return []
+        with self._span(tracing.batch_name(batch.names()), batch.size) as trace:
+            return await driver.arun_batch(
+                connection, batch, notify=self._notifies(batch), trace=trace
+            )
+
+    async def notify(self, connection: psycopg.AsyncConnection[Any]) -> None:
+        await driver.arun_statement(connection, notify_statement(), driver.ENQUEUE)
+
+    async def get(self, connection: psycopg.AsyncConnection[Any], job_id: UUID | str) -> Job | None:
+        return await driver.arun(connection, get_steps(job_id), _GET)
+
+    async def cancel(self, connection: psycopg.AsyncConnection[Any], job_id: UUID | str) -> Job:
+        return await driver.arun(connection, cancel_steps(job_id), _CANCEL)

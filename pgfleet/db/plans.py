@@ -1,0 +1,440 @@
+"""What a producer sends, whatever the driver that sends it.
+
+Every producer enqueues, reads and cancels jobs through this module:
+:class:`pgfleet.Queue` on asyncpg, the psycopg producers (sync and async) and,
+through them, SQLAlchemy and Django. An
+:class:`Enqueuer` holds a producer's settings and checks a request as ``Queue``
+always has (names, options, payload encoding and size, strict mode, payload checks);
+it then hands back the statements to run: named statements of ``queries.sql`` with
+their arguments in order. A plan of several statements is a generator (:data:`Steps`)
+that is sent the result of each (a batch's job keys are settled in rounds, each
+depending on the last) and returns the plan's answer. The driver adapters only run
+statements and translate their driver's errors, so an option added to
+:class:`~pgfleet.EnqueueOptions` and mapped here, or a change to what ``get`` and
+``cancel`` do, reaches every producer at once.
+
+What a driver hands back for a statement follows its shape: ``:exec`` nothing,
+``:val`` the first column of the first row (or None), ``:one`` the row as a mapping
+(or None), ``:many`` the rows, read by position (asyncpg's ``Record`` and psycopg's
+tuples alike). Array arguments are lists (psycopg adapts lists, not tuples).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Generator, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from uuid import UUID
+
+from pgfleet import _ids
+from pgfleet.db.queries import Q, Query
+from pgfleet.db.translate import job_from_record
+from pgfleet.errors import (
+    DuplicateJobKey,
+    InvalidJobState,
+    InvalidOptions,
+    JobNotFound,
+    PayloadDecodeError,
+    PayloadError,
+    PgfleetError,
+    UnknownJobName,
+)
+from pgfleet.jobs import (
+    DEFAULT_OPTIONS,
+    EnqueueOptions,
+    EnqueueRequest,
+    Job,
+    JobKeyMode,
+    JobStatus,
+    _valid_names,
+    validate_name,
+)
+from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES, encode_payload, encode_payload_array
+
+__all__ = [
+    "DEFAULT_MAX_ATTEMPTS",
+    "Batch",
+    "Enqueuer",
+    "Row",
+    "Statement",
+    "Steps",
+    "as_job_id",
+    "cancel_steps",
+    "get_steps",
+    "notify_statement",
+]
+
+DEFAULT_MAX_ATTEMPTS = 25
+
+# Rounds of insert-then-look-up before giving up on a job key whose holder keeps
+# finishing between the two statements.
+KEY_RESOLVE_ROUNDS = 8
+
+_KEYED_QUERY = {
+    JobKeyMode.DEDUPE: Q.job_insert_keyed_dedupe,
+    JobKeyMode.REPLACE: Q.job_insert_keyed_replace,
+    JobKeyMode.PRESERVE_RUN_AT: Q.job_insert_keyed_preserve_run_at,
+}
+
+#: A row as a driver returns it: read by position only.
+Row = Sequence[Any]
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Statement:
+    """One named statement and its arguments (``$n`` placeholders, in order).
+
+    ``query.shape`` says what the driver does with it: ``:exec`` runs it, ``:many``
+    fetches its rows and sends them back to the batch that asked."""
+
+    query: Query
+    args: tuple[Any, ...]
+
+    @property
+    def sql(self) -> str:
+        return self.query.sql
+
+    @property
+    def shape(self) -> str:
+        return self.query.shape
+
+
+#: A plan's statements: each is sent what the driver returned for it (see the
+#: module's docstring); the generator returns the plan's answer.
+Steps = Generator[Statement, Any, T]
+
+
+def notify_statement() -> Statement:
+    """Wake the workers: inside a transaction that enqueued, delivered when (and
+    if) it commits."""
+    return Statement(Q.notify_jobs, ())
+
+
+class Enqueuer:
+    """A producer's settings, and the checks and statements of its enqueues.
+
+    ``known_names`` turns on strict mode (a Registry or a collection of names);
+    ``check_payloads`` (``known_names`` a Registry) refuses a payload its handler's
+    annotated type cannot decode. Bad settings raise :class:`InvalidOptions`.
+    """
+
+    __slots__ = ("check_payloads", "default_max_attempts", "known_names", "max_payload_bytes")
+
+    def __init__(
+        self,
+        *,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        default_max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        known_names: Any = None,
+        check_payloads: bool = False,
+    ) -> None:
+        if not isinstance(max_payload_bytes, int) or max_payload_bytes < 2:
+            raise InvalidOptions(
+                f"max_payload_bytes must be a positive integer, got {max_payload_bytes!r}"
+            )
+        EnqueueOptions(max_attempts=default_max_attempts)  # validates the range
+        if check_payloads and not callable(getattr(known_names, "get", None)):
+            raise InvalidOptions(
+                "check_payloads needs known_names=<the Registry>: the handlers' payload "
+                "types are what payloads are checked against"
+            )
+        self.max_payload_bytes = max_payload_bytes
+        self.default_max_attempts = default_max_attempts
+        self.known_names = known_names
+        self.check_payloads = bool(check_payloads)
+
+    # ------------------------------------------------------------ checks
+
+    def check_name(self, name: str) -> None:
+        if name.__class__ is not str or name not in _valid_names:
+            validate_name(name)
+        known = self.known_names
+        # A Registry answers `in` from its handler dict: no set of names per enqueue.
+        if known is not None and name not in known:
+            raise UnknownJobName(f"no handler is registered for job name {name!r} (strict mode)")
+
+    def check_payload(self, name: str, payload: Any, where: str = "") -> None:
+        """Refuse a payload its handler could never decode (``check_payloads``)."""
+        handler = self.known_names.get(name)
+        if handler is None or not handler.takes_payload:
+            return
+        value = json.loads(encode_payload(payload, self.max_payload_bytes))
+        try:
+            handler.decode(value)
+        except PayloadDecodeError as exc:
+            raise PayloadError(
+                f"{where}payload does not decode for the handler of {name!r}: {exc}"
+            ) from None
+
+    @staticmethod
+    def options(options: EnqueueOptions | None) -> EnqueueOptions:
+        """``options`` checked (None: the defaults)."""
+        if options is None:
+            return DEFAULT_OPTIONS
+        if not isinstance(options, EnqueueOptions):
+            raise InvalidOptions(f"options must be EnqueueOptions, got {type(options).__name__}")
+        return options
+
+    # ------------------------------------------------------------ statements
+
+    def single(
+        self,
+        name: str,
+        payload: Any,
+        opts: EnqueueOptions,
+        *,
+        notify: bool,
+        job_id: UUID | None = None,
+        trace: str | None = None,
+    ) -> tuple[UUID, Statement]:
+        """The id and the one statement of an enqueue without a job_key (``opts``
+        from :meth:`options`; a keyed job goes through :meth:`batch`). ``notify``:
+        the statement wakes the workers when its transaction commits. ``job_id``:
+        an id handed out before the job is written (Django's deferred enqueue).
+        ``trace``: the enqueue's trace context (JSON text) to store with the job."""
+        self.check_name(name)
+        text = encode_payload(payload, self.max_payload_bytes)
+        if self.check_payloads:
+            self.check_payload(name, payload)
+        if job_id is None:
+            job_id = _ids.uuid7()
+        if opts is DEFAULT_OPTIONS and trace is None:
+            query = Q.job_insert_plain_notify if notify else Q.job_insert_plain
+            return job_id, Statement(query, (job_id, name, text, self.default_max_attempts))
+        query = Q.job_insert_notify if notify else Q.job_insert
+        return job_id, Statement(
+            query,
+            (
+                job_id,
+                name,
+                text,
+                opts.priority,
+                opts.max_attempts or self.default_max_attempts,
+                opts.queue_name,
+                opts.run_at,
+                opts.delay_seconds,
+                trace,
+            ),
+        )
+
+    def batch(self, requests: Iterable[EnqueueRequest]) -> Batch:
+        """A checked batch (nothing is sent yet): see :class:`Batch`."""
+        return Batch(self, requests)
+
+
+class Batch:
+    """A checked batch, split into one group per insert statement.
+
+    Every request is checked and every payload encoded before anything is sent: a
+    bad item raises and nothing is written. :meth:`steps` yields the statements."""
+
+    __slots__ = (
+        "_enqueuer",
+        "_full",
+        "_keyed",
+        "_plain",
+        "_plain_json",
+        "_requests",
+        "any_runs_now",
+        "ids",
+        "size",
+    )
+
+    def __init__(self, enqueuer: Enqueuer, requests: Iterable[EnqueueRequest]) -> None:
+        self._enqueuer = enqueuer
+        self._requests: Sequence[EnqueueRequest] = (
+            requests if isinstance(requests, list | tuple) else list(requests)
+        )
+        self.size = len(self._requests)
+        self.ids = _ids.uuid7_batch(self.size)
+        #: Some job of the batch is due now (worth a wakeup).
+        self.any_runs_now = False
+        self._plain: tuple[list[UUID], list[str], list[Any]] = ([], [], [])
+        self._full: list[tuple[Any, ...]] = []
+        self._keyed: dict[JobKeyMode, list[tuple[Any, ...]]] = {}
+        self._plain_json = ""
+        self._split()
+
+    def _split(self) -> None:
+        enqueuer = self._enqueuer
+        check_name = enqueuer.check_name
+        limit = enqueuer.max_payload_bytes
+        default_attempts = enqueuer.default_max_attempts
+        plain_ids, plain_names, plain_payloads = self._plain
+        seen_keys: set[str] = set()
+        for index, (req, job_id) in enumerate(zip(self._requests, self.ids, strict=False)):
+            if req.__class__ is not EnqueueRequest:
+                raise InvalidOptions(
+                    f"enqueue_many takes EnqueueRequest items; item {index} is {type(req).__name__}"
+                )
+            name = req.name
+            check_name(name)
+            if enqueuer.check_payloads:
+                enqueuer.check_payload(name, req.payload, f"item {index}: ")
+            opts = req.options
+            if opts is DEFAULT_OPTIONS:
+                self.any_runs_now = True
+                plain_ids.append(job_id)
+                plain_names.append(name)
+                plain_payloads.append(req.payload)  # encoded together below
+                continue
+            text = encode_payload(req.payload, limit)
+            if not isinstance(opts, EnqueueOptions):
+                raise InvalidOptions(f"item {index}: options must be EnqueueOptions")
+            self.any_runs_now = self.any_runs_now or opts.runs_now
+            row = (
+                job_id,
+                name,
+                text,
+                opts.priority,
+                opts.max_attempts or default_attempts,
+                opts.queue_name,
+                opts.job_key,
+                opts.run_at,
+                opts.delay_seconds,
+            )
+            key = opts.job_key
+            if key is None:
+                self._full.append(row)
+                continue
+            if key in seen_keys:
+                raise DuplicateJobKey(
+                    f"job_key {key!r} appears more than once in one batch; nothing was enqueued",
+                    key,
+                )
+            seen_keys.add(key)
+            self._keyed.setdefault(opts.job_key_mode, []).append(row)
+        if plain_payloads:
+            self._plain_json = encode_payload_array(plain_payloads, limit)
+
+    def names(self) -> dict[str, int]:
+        """How many jobs of each name the batch holds."""
+        counts: dict[str, int] = {}
+        for req in self._requests:
+            counts[req.name] = counts.get(req.name, 0) + 1
+        return counts
+
+    def atomic(self, notify: bool) -> bool:
+        """Whether the statements need a transaction of their own (a savepoint
+        inside the caller's): more than one statement, or keys to settle."""
+        statements = bool(self._plain[0]) + bool(self._full) + len(self._keyed) + notify
+        return statements > 1 or bool(self._keyed)
+
+    def steps(self, notify: bool, trace: str | None = None) -> Steps[list[UUID]]:
+        """The batch's statements, in order (see :data:`Steps`); ``notify`` adds
+        the wakeup, delivered when the transaction commits; ``trace`` (the
+        enqueue's trace context, JSON text) is stored with every job."""
+        plain_ids, plain_names, _ = self._plain
+        full = self._full
+        if plain_ids and trace is not None:  # only the general insert carries it
+            full = [*self._plain_rows(), *full]
+        elif plain_ids:
+            yield Statement(
+                Q.job_insert_many_plain,
+                (plain_ids, plain_names, self._plain_json, self._enqueuer.default_max_attempts),
+            )
+        if full:
+            ids, names, payloads, priorities, attempts, queues, _, run_ats, delays = (
+                list(column) for column in zip(*full, strict=True)
+            )
+            yield Statement(
+                Q.job_insert_many,
+                (ids, names, payloads, priorities, attempts, queues, run_ats, delays, trace),
+            )
+        for mode, rows in self._keyed.items():
+            yield from self._keyed_steps(mode, rows, trace)
+        if notify:
+            yield notify_statement()
+        return self.ids
+
+    def _plain_rows(self) -> list[tuple[Any, ...]]:
+        """The default-options jobs as rows of the general insert."""
+        ids, names, _ = self._plain
+        texts = [json.dumps(p, separators=(",", ":")) for p in json.loads(self._plain_json)]
+        attempts = self._enqueuer.default_max_attempts
+        return [
+            (job_id, name, text, 0, attempts, None, None, None, 0.0)
+            for job_id, name, text in zip(ids, names, texts, strict=True)
+        ]
+
+    def _keyed_steps(
+        self, mode: JobKeyMode, rows: list[tuple[Any, ...]], trace: str | None
+    ) -> Steps[None]:
+        """Insert or resolve every keyed row; the batch id of each becomes the id
+        of the job that now holds its key."""
+        pending = rows
+        resolved: dict[str, UUID] = {}
+        for _ in range(KEY_RESOLVE_ROUNDS):
+            ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays = (
+                list(column) for column in zip(*pending, strict=True)
+            )
+            inserted = yield Statement(
+                _KEYED_QUERY[mode],
+                (ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays, trace),
+            )
+            resolved.update((r[1], r[0]) for r in inserted or ())  # (id, job_key)
+            missing = [row for row in pending if row[6] not in resolved]
+            if missing:
+                held = yield Statement(Q.job_ids_by_active_key, ([row[6] for row in missing],))
+                resolved.update((r[0], r[1]) for r in held or ())  # (job_key, id)
+                missing = [row for row in missing if row[6] not in resolved]
+            if not missing:
+                break
+            pending = missing  # their holders finished in between: insert again
+        else:
+            raise PgfleetError(
+                f"could not settle job keys {[row[6] for row in pending][:5]} after "
+                f"{KEY_RESOLVE_ROUNDS} rounds of concurrent changes"
+            )
+        batch_index = {job_id: i for i, job_id in enumerate(self.ids)}
+        for row in rows:
+            self.ids[batch_index[row[0]]] = resolved[row[6]]
+
+
+# ---------------------------------------------------------------- reading and cancelling
+
+
+def as_job_id(value: Any) -> UUID | None:
+    """``value`` as a job id, or None when it cannot be one (no such job)."""
+    if isinstance(value, UUID):
+        return value
+    if isinstance(value, str):
+        try:
+            return UUID(value)
+        except ValueError:
+            return None
+    return None
+
+
+def get_steps(job_id: UUID | str) -> Steps[Job | None]:
+    """The job with that id, or None."""
+    uid = as_job_id(job_id)
+    if uid is None:
+        return None
+    row = yield Statement(Q.job_get, (uid,))
+    return None if row is None else job_from_record(row)
+
+
+def cancel_steps(job_id: UUID | str) -> Steps[Job]:
+    """Cancel a queued job; refused (:class:`InvalidJobState`) for a running or
+    finished one, :class:`JobNotFound` when there is none."""
+    uid = as_job_id(job_id)
+    if uid is None:
+        raise JobNotFound(job_id)
+    row = yield Statement(Q.job_cancel, (uid,))
+    if row is not None:
+        return job_from_record(row)
+    yield from refusal_steps(uid, "cancel", ("queued",))
+    raise AssertionError("unreachable")  # pragma: no cover - refusal_steps raises
+
+
+def refusal_steps(uid: UUID, operation: str, allowed: tuple[str, ...]) -> Steps[None]:
+    """Raise why ``operation`` changed nothing: no such job, or not in a status it
+    ``allowed``."""
+    status = yield Statement(Q.job_status_get, (uid,))
+    if status is None:
+        raise JobNotFound(uid)
+    raise InvalidJobState(uid, operation, JobStatus(status).value, allowed)

@@ -1,0 +1,1 @@
+"""The documentation site's generators (``python -m tools.docs``)."""
