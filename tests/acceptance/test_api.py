@@ -672,13 +672,16 @@ async def test_database_down_gives_503_and_the_api_keeps_running(
 async def test_a_missing_database_or_role_gives_503_with_retry_after_not_500(
     fleet: Fleet, http: aiohttp.ClientSession, target: str
 ) -> None:
-    api = await fleet.api(dsn=f"postgresql://{target}")
+    api = await fleet.api(dsn=f"postgresql://{target}", metrics=True)
     reply = await post_job(http, api.url, {"name": "record"})
     assert (reply.status, reply.body["error"]) == (503, "database unavailable")
     assert reply.headers["Retry-After"] == "1", "it may be created any moment: worth retrying"
     assert (await call(http, "GET", f"{api.url}/jobs/{uuid.uuid4()}")).status == 503
+    # The public port says not ready; why, only the private metrics port (and the log).
     ready = await call(http, "GET", f"{api.url}/readyz")
-    assert ready.status == 503 and "does not exist" in ready.body["reason"]
+    assert ready.status == 503 and ready.body == {"status": "not ready"}
+    private = await call(http, "GET", f"{api.metrics_url}/readyz")
+    assert private.status == 503 and "does not exist" in private.body["reason"]
     assert "Traceback" not in api.proc.output()
     assert await api.stop() == 0
 
