@@ -122,3 +122,7 @@ def test_every_install_path_installs_a_lock_with_hashes() -> None:
         assert "--no-build-isolation" in recipe, "setuptools comes from the lock too"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "tools.supply audit" in ci or "make audit" in ci
+    # The release check installs the locked dependencies, then the wheel from no index.
+    release = (ROOT / "tools" / "release_check.py").read_text()
+    assert '"--require-hashes", "-r", str(lock)' in release and '"--no-index"' in release
+    assert '"build", "--no-isolation"' in release
