@@ -587,6 +587,10 @@ def _declare_access(doc: dict[str, Any], access: Mapping[str, Access]) -> None:
         for operation in item.values():
             declared = access.get(operation["operationId"])
             if declared is None:
-                raise LookupError(f"no declared access for {operation['operationId']!r}")
+                raise LookupError(
+                    f"operation {operation['operationId']!r} has no routed handler declaring "
+                    "its access: the handler's name in camelCase is the operationId "
+                    "(list_jobs -> listJobs), and the handler carries @requires(Access.…)"
+                )
             operation["x-pgfleet-access"] = declared.value
             operation["x-pgfleet-roles"] = sorted(r.value for r in Role if r.allows(declared))
