@@ -229,7 +229,9 @@ async def test_an_operator_acts_and_every_audit_line_names_them(
     await audit_line(api, "ops-alice (operator) from 127.0.0.1: console: retry job", str(job))
     await audit_line(api, "ops-alice (operator) from 127.0.0.1: retry job", str(other))
     assert OPERATOR not in api.proc.output(), "secrets are never logged"
-    assert "ops-alice GET /ui/jobs/" not in api.proc.output()  # the console logs its own way
+    # The access log names who made each request, console pages included.
+    assert f"127.0.0.1 ops-alice GET /ui/jobs/{job}/payload 200" in api.proc.output()
+    assert f"127.0.0.1 ops-alice POST /jobs/{other}/retry 200" in api.proc.output()
 
 
 async def test_the_bulk_notice_says_what_the_server_did_never_what_a_link_says(

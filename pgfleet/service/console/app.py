@@ -43,6 +43,7 @@ from pgfleet.errors import (
 from pgfleet.jobs import Job, JobStatus, validate_name
 from pgfleet.queue import Queue, create_pool
 from pgfleet.service.access import AccessDenied, Gate, audit
+from pgfleet.service.api import CREDENTIAL
 from pgfleet.service.console import pages
 from pgfleet.service.console.auth import (
     COOKIE_PATH,
@@ -303,6 +304,8 @@ class Console:
                 )
             raise _Redirect(_redirect(pages.url(f"{BASE}/login", next=request.path_qs)))
         visit = Visit(visit.peer, session)
+        # The API's access log names who made the request.
+        request[CREDENTIAL] = session.credential
         self.gate.authorize(session.credential, access, visit.peer, request.path)
         return visit
 
