@@ -11,23 +11,29 @@ PROFILE ?= full
 LOADTEST_ARGS ?=
 CONSOLE_BENCH_ARGS ?=
 
-.PHONY: help venv test test-fast lint format docs docs-build docs-generate dist release-check bench bench-peers fleet loadtest loadtest-smoke chaos clean screenshots console-bench
+API_FUZZ_ARGS ?=
+
+.PHONY: help venv test test-fast lint format docs docs-build docs-generate dist release-check bench bench-peers fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
 
-$(VENV)/.installed: pyproject.toml
+# Every install path installs a lock file (requirements/*.lock: exact versions and
+# the hashes of their files; `make lock` regenerates them), then pgfleet itself
+# without dependencies and with the locked setuptools (no build isolation, so no
+# unpinned download either).
+$(VENV)/.installed: pyproject.toml requirements/dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev,docs,service,embedded,loadtest]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@ $(VENV)/.fleet-installed
 
 # The native fleet needs only the service and embedded extras: a first `make fleet`
 # does not wait for the test and load-test dependencies (a quarter of the download).
-$(VENV)/.fleet-installed: pyproject.toml
+$(VENV)/.fleet-installed: pyproject.toml requirements/fleet.lock requirements/build.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[service,embedded]'
+	$(PY) -m pip install --quiet --require-hashes -r requirements/fleet.lock -r requirements/build.lock
+	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
 venv: $(VENV)/.installed ## create .venv with everything the tests need
@@ -58,7 +64,7 @@ docs-generate: venv ## regenerate docs/reference/ (options, CLI, HTTP API, metri
 	$(PY) -m tools.docs
 
 dist: venv ## build the sdist and the wheel into dist/
-	$(PY) -m build --outdir dist
+	$(PY) -m build --no-isolation --outdir dist
 
 release-check: venv ## build, install the wheel with its extras into a new venv, and run a migration and a job from it
 	$(PY) -m tools.release_check
@@ -89,6 +95,18 @@ screenshots: venv ## run the console's browser tests, writing their screenshots 
 
 console-bench: venv ## console page render times on 1M retained jobs (BENCH_DSN=..., CONSOLE_BENCH_ARGS=...)
 	$(PY) -m tools.console_bench --dsn '$(BENCH_DSN)' $(CONSOLE_BENCH_ARGS)
+
+lock: venv ## regenerate requirements/*.lock from pyproject.toml (uv; every file's hash)
+	$(PY) -m tools.supply lock
+
+audit: venv ## report known-vulnerable pins in requirements/*.lock (pip-audit, else the snapshot)
+	$(PY) -m tools.supply audit
+
+advisories: venv ## refresh requirements/advisories.json, the audit's offline snapshot (OSV API)
+	$(PY) -m tools.supply advisories --osv
+
+api-fuzz: venv ## Schemathesis against a real pgfleet api, long profile (API_FUZZ_ARGS=...)
+	PGFLEET_API_FUZZ_PROFILE=long $(PY) -m pytest tests/acceptance/test_api_fuzz.py $(API_FUZZ_ARGS)
 
 clean: ## remove the virtualenv, caches, builds and the native fleet's state (.fleet: database, logs)
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache bench-results .fleet site dist

@@ -21,7 +21,7 @@ from pgfleet._version import __version__
 from pgfleet.db.migrate import migrate, migration_script
 from pgfleet.db.transaction_pooling import dsn_transaction_pooled, refuse_migrations
 from pgfleet.errors import PgfleetError
-from pgfleet.service import api_cmd, jobs_cmd, worker_cmd
+from pgfleet.service import api_cmd, credentials_cmd, jobs_cmd, worker_cmd
 from pgfleet.service.flags import add_dsn
 from pgfleet.service.process import EXIT_USAGE, UsageError, check_dsn
 
@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     api_cmd.add_arguments(api)
     jobs = sub.add_parser("jobs", help="list, inspect, cancel and retry jobs (for operators)")
     jobs_cmd.add_arguments(jobs)
+    creds = sub.add_parser(
+        "credentials", help="make, revoke and list the jobs API's credentials (for operators)"
+    )
+    credentials_cmd.add_arguments(creds)
     # Handled before parsing (see _bench): the suites' own parser reads the options.
     sub.add_parser(
         "bench",
@@ -110,6 +114,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             if args.print_sql:
                 sys.stdout.write(migration_script())
                 return
+            check_dsn(args.dsn, "migrate")
             applied = asyncio.run(_migrate(_dsn(args)))
             print(f"applied migrations {applied}" if applied else "pgfleet schema is up to date")
         elif args.command == "worker":
@@ -120,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(api_cmd.main(args))
         elif args.command == "jobs":
             raise SystemExit(jobs_cmd.main(args))
+        elif args.command == "credentials":
+            raise SystemExit(credentials_cmd.main(args))
     except UsageError as exc:
         # One line and status 2, like argparse's own usage errors and `pgfleet jobs`.
         sys.stderr.write(f"{exc}\n")

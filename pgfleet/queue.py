@@ -261,8 +261,11 @@ class Queue:
         out.update(await self._store.job_count_by_status())
         return out
 
-    async def runnable_backlog(self, name: str | None = None, *, at_most: int | None = None) -> int:
-        """Jobs due now and waiting for a worker, of one name or all.
+    async def runnable_backlog(
+        self, name: str | None = None, *, at_most: int | None = None, horizon: float = 0.0
+    ) -> int:
+        """Jobs due now and waiting for a worker, of one name or all; with
+        ``horizon`` (seconds), the queued jobs due within it too.
 
         With ``at_most``, counting stops there: checking a backlog against a cap
         then costs at most the cap, however deep the backlog is.
@@ -270,17 +273,20 @@ class Queue:
         if name is not None:
             validate_name(name)
         limit = _count_limit(at_most)
-        return await self._store.job_count_queued(name=name, limit=limit)
+        return await self._store.job_count_queued(name=name, limit=limit, horizon=_horizon(horizon))
 
     async def runnable_backlog_by_name(
-        self, names: Iterable[str], *, at_most: int | None = None
+        self, names: Iterable[str], *, at_most: int | None = None, horizon: float = 0.0
     ) -> dict[str, int]:
-        """The runnable backlog of each name (each counted up to ``at_most``)."""
+        """The runnable backlog of each name (each counted up to ``at_most``), with
+        the jobs due within ``horizon`` seconds."""
         wanted = sorted({validate_name(n) for n in names})
         if not wanted:
             return {}
         limit = _count_limit(at_most)
-        return await self._store.job_count_queued_by_names(names=wanted, limit=limit)
+        return await self._store.job_count_queued_by_names(
+            names=wanted, limit=limit, horizon=_horizon(horizon)
+        )
 
     async def statuses(self, job_ids: Iterable[UUID | str]) -> dict[UUID, JobStatus]:
         """The current status of each job that exists, by id, in one query."""
@@ -416,3 +422,13 @@ def _count_limit(at_most: int | None) -> int | None:
     if not isinstance(at_most, int) or isinstance(at_most, bool) or at_most < 0:
         raise InvalidOptions(f"at_most must be a non-negative integer, got {at_most!r}")
     return at_most
+
+
+def _horizon(horizon: float) -> float:
+    if (
+        not isinstance(horizon, int | float)
+        or isinstance(horizon, bool)
+        or not 0 <= horizon <= 10 * 365 * 86400
+    ):
+        raise InvalidOptions(f"horizon must be from 0 to ten years in seconds, got {horizon!r}")
+    return float(horizon)

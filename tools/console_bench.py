@@ -31,7 +31,7 @@ from tools.devkit import drop_database, fresh_database, with_database
 
 DEFAULT_DSN = os.environ.get("PGFLEET_BENCH_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 DATABASE = "pgfleet_console_bench"
-TOKEN = "console-bench-token"
+TOKEN = "console-bench-token-6Jd3qXw9Lk2"
 
 # A UUIDv7 from a timestamp and a row number: 48 bits of milliseconds, version 7,
 # variant 10, the rest from md5 of the row number (unique enough for a benchmark).
@@ -146,9 +146,11 @@ async def measure(dsn: str, rounds: int) -> list[dict[str, Any]]:
     from aiohttp import web
 
     import pgfleet
+    from pgfleet.service.access import AccessConfig, Gate
     from pgfleet.service.console.app import Console, ConsoleConfig
+    from pgfleet.service.credentials import load
 
-    console = Console(ConsoleConfig(token=TOKEN))
+    console = Console(ConsoleConfig(), Gate(AccessConfig(load(entries=f"bench:operator:{TOKEN}"))))
     app = web.Application()
     await console.attach(app, dsn)
     runner = web.AppRunner(app, access_log=None)

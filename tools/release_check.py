@@ -56,7 +56,8 @@ def run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> str
 def build(out: Path) -> tuple[Path, Path]:
     step("building the sdist and the wheel")
     # The sdist first, then the wheel built from it: a file the sdist lacks fails here.
-    run([sys.executable, "-m", "build", "--outdir", str(out)], cwd=ROOT)
+    # No build isolation: the locked setuptools of this environment builds it.
+    run([sys.executable, "-m", "build", "--no-isolation", "--outdir", str(out)], cwd=ROOT)
     version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     sdist = out / f"pgfleet-{version}.tar.gz"
     wheel = out / f"pgfleet-{version}-py3-none-any.whl"
@@ -70,7 +71,18 @@ def install(wheel: Path, venv: Path) -> Path:
     step(f"installing {wheel.name}[{EXTRAS}] into a new virtual environment")
     run([sys.executable, "-m", "venv", str(venv)], cwd=venv.parent)
     bin_dir = venv / "bin"
-    run([str(bin_dir / "pip"), "install", "--quiet", f"{wheel}[{EXTRAS}]"], cwd=venv.parent)
+    # The extras' dependencies from their lock (every file's hash checked), then the
+    # wheel with its extras and no index: its metadata must be satisfied by exactly
+    # what was locked, and nothing unpinned is downloaded.
+    lock = ROOT / "requirements" / "release.lock"
+    run(
+        [str(bin_dir / "pip"), "install", "--quiet", "--require-hashes", "-r", str(lock)],
+        cwd=venv.parent,
+    )
+    run(
+        [str(bin_dir / "pip"), "install", "--quiet", "--no-index", f"{wheel}[{EXTRAS}]"],
+        cwd=venv.parent,
+    )
     return bin_dir
 
 

@@ -138,19 +138,24 @@ SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs GROUP BY status;
 
 -- name: job_count_queued :val
 -- Runnable backlog (optionally of one job name) for admission control, counted up
--- to $2 rows (NULL: all) so that a check against a cap costs at most the cap.
+-- to $2 rows (NULL: all) so that a check against a cap costs at most the cap. Jobs
+-- due within the next $3 seconds count too (0: due now only), so that jobs
+-- scheduled a little ahead cannot pile up past the cap.
 SELECT count(*) FROM (
     SELECT 1 FROM pgfleet.jobs
-    WHERE status = 'queued' AND run_at <= now() AND ($1::text IS NULL OR name = $1)
+    WHERE status = 'queued' AND run_at <= now() + make_interval(secs => $3::float8)
+      AND ($1::text IS NULL OR name = $1)
     LIMIT $2::bigint
 ) AS runnable;
 
 -- name: job_count_queued_by_names :many
--- The runnable backlog of each of several job names, each counted up to $2 rows.
+-- The runnable backlog of each of several job names, each counted up to $2 rows,
+-- with the jobs due within the next $3 seconds.
 SELECT k.name, (
     SELECT count(*) FROM (
         SELECT 1 FROM pgfleet.jobs j
-        WHERE j.status = 'queued' AND j.run_at <= now() AND j.name = k.name
+        WHERE j.status = 'queued' AND j.name = k.name
+          AND j.run_at <= now() + make_interval(secs => $3::float8)
         LIMIT $2::bigint
     ) AS runnable
 ) AS n

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any, TypeVar, cast
 from uuid import UUID
 
+from pgfleet.db.access import AQ
 from pgfleet.db.console import CQ
 from pgfleet.db.plans import Batch, Statement, Steps, cancel_steps, get_steps
 from pgfleet.db.queries import Q
@@ -38,6 +39,8 @@ __all__ = [
     "HeartbeatBeat",
     "KindStats",
     "RescuedRow",
+    "Revocation",
+    "SessionState",
     "Store",
     "TableHealth",
     "is_connection_error",
@@ -71,6 +74,7 @@ _METRICS = translate_errors("queue metrics")
 _CRON = translate_errors("cron")
 _CRON_PREPARE = translate_errors("cron prepare")
 _CONSOLE = translate_errors("console")
+_ACCESS = translate_errors("access")
 
 # ---------------------------------------------------------------- result records
 
@@ -148,6 +152,28 @@ class CronRegistration:
     last_occurrence: datetime
     previous_definition: str | None
     previous_job_name: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Revocation:
+    """A credential name refused by every API replica."""
+
+    name: str
+    revoked_at: datetime
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState:
+    """A live console session (``session_touch``)."""
+
+    credential: str
+    credential_digest: bytes
+    csrf: str
+    #: What the page should show once, then never again.
+    notice: str | None
+    #: Seconds until the session's absolute end.
+    remaining: float
 
 
 # ---------------------------------------------------------------- the store
@@ -274,16 +300,19 @@ class Store:
             rows = await self.db.fetch(Q.job_count_by_status.sql)
         return {JobStatus(r["status"]): r["n"] for r in rows}
 
-    async def job_count_queued(self, *, name: str | None, limit: int | None) -> int:
-        """The runnable backlog (of one name, or all), counted up to ``limit``."""
+    async def job_count_queued(
+        self, *, name: str | None, limit: int | None, horizon: float = 0.0
+    ) -> int:
+        """The runnable backlog (of one name, or all) with the jobs due within
+        ``horizon`` seconds, counted up to ``limit``."""
         with _BACKLOG:
-            return int(await self.db.fetchval(Q.job_count_queued.sql, name, limit))
+            return int(await self.db.fetchval(Q.job_count_queued.sql, name, limit, horizon))
 
     async def job_count_queued_by_names(
-        self, *, names: Sequence[str], limit: int | None
+        self, *, names: Sequence[str], limit: int | None, horizon: float = 0.0
     ) -> dict[str, int]:
         with _BACKLOG_BY_NAME:
-            rows = await self.db.fetch(Q.job_count_queued_by_names.sql, names, limit)
+            rows = await self.db.fetch(Q.job_count_queued_by_names.sql, names, limit, horizon)
         return {r["name"]: int(r["n"]) for r in rows}
 
     # ------------------------------------------------------------ management
@@ -609,3 +638,65 @@ class Store:
     async def console_crons(self) -> list[Record]:
         with _CONSOLE:
             return await self.db.fetch(CQ.console_crons.sql)
+
+    # ------------------------------------------------------------ access
+
+    async def revocation_list(self) -> list[Revocation]:
+        with _ACCESS:
+            rows = await self.db.fetch(AQ.revocation_list.sql)
+        return [Revocation(r["name"], r["revoked_at"], r["reason"]) for r in rows]
+
+    async def revocation_check(self, *, name: str) -> bool:
+        with _ACCESS:
+            return bool(await self.db.fetchval(AQ.revocation_check.sql, name))
+
+    async def revocation_add(self, *, name: str, reason: str) -> tuple[bool, int]:
+        """(newly revoked, console sessions ended); every replica is notified."""
+        with _ACCESS:
+            row = await self.db.fetchrow(AQ.revocation_add.sql, name, reason)
+        assert row is not None
+        return bool(row["added"]), int(row["sessions_ended"])
+
+    async def revocation_remove(self, *, name: str) -> bool:
+        with _ACCESS:
+            return bool(await self.db.fetchval(AQ.revocation_remove.sql, name))
+
+    async def session_create(
+        self,
+        *,
+        id: bytes,
+        credential: str,
+        credential_digest: bytes,
+        csrf: str,
+        lifetime: float,
+        idle: int,
+    ) -> None:
+        with _ACCESS:
+            await self.db.execute(
+                AQ.session_create.sql, id, credential, credential_digest, csrf, lifetime, idle
+            )
+
+    async def session_touch(self, *, id: bytes) -> SessionState | None:
+        with _ACCESS:
+            row = await self.db.fetchrow(AQ.session_touch.sql, id)
+        if row is None:
+            return None
+        return SessionState(
+            row["credential"],
+            bytes(row["credential_digest"]),
+            row["csrf"],
+            row["notice"],
+            row["remaining"].total_seconds(),
+        )
+
+    async def session_notice_set(self, *, id: bytes, notice: str) -> None:
+        with _ACCESS:
+            await self.db.execute(AQ.session_notice_set.sql, id, notice)
+
+    async def session_delete(self, *, id: bytes) -> bool:
+        with _ACCESS:
+            return bool(await self.db.fetchval(AQ.session_delete.sql, id))
+
+    async def session_count_by_credential(self) -> list[Record]:
+        with _ACCESS:
+            return await self.db.fetch(AQ.session_count_by_credential.sql)

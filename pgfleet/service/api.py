@@ -3,18 +3,21 @@
 Accepting a job means it is committed in Postgres: the answer comes after the
 commit, so a 202 survives this process, the workers and the database restarting.
 Every refusal (4xx, 503) happens before anything is written.
+
+Every endpoint declares the access it needs with ``@requires(Access.…)``
+(pgfleet/service/credentials.py); the middleware checks the request's credential
+against it before the handler runs, and the application refuses to start with
+an endpoint that declares nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import hashlib
-import hmac
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -33,8 +36,9 @@ from pgfleet.errors import (
     SchemaNotReady,
     ValidationError,
 )
-from pgfleet.jobs import EnqueueRequest, JobStatus
+from pgfleet.jobs import EnqueueRequest, Job, JobStatus
 from pgfleet.queue import Queue
+from pgfleet.service.access import AccessConfig, AccessDenied, Gate, audit
 from pgfleet.service.api_schema import (
     EnqueueBody,
     Limits,
@@ -44,14 +48,23 @@ from pgfleet.service.api_schema import (
     parse_enqueue,
     parse_list_query,
 )
+from pgfleet.service.credentials import ANONYMOUS, Access, Credential, access_of, requires
+from pgfleet.service.guard import Peer
 from pgfleet.service.http import database_ready
 from pgfleet.service.openapi import openapi_document
+from pgfleet.service.redaction import Redactor
 from pgfleet.service.views import job_view
 
 log = logging.getLogger("pgfleet")
 access_log = logging.getLogger("pgfleet.access")
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+#: Where the middleware leaves the client and the credential of a request.
+PEER = web.RequestKey("pgfleet_peer", Peer)
+CREDENTIAL = web.RequestKey("pgfleet_credential", Credential)
+#: The console's routes: it signs in with sessions, not bearer tokens.
+CONSOLE_PREFIX = "/ui"
 
 #: Request latency: 1 ms .. 30 s (an enqueue waiting on a busy database included).
 LATENCY_BUCKETS = (
@@ -72,8 +85,12 @@ class ApiConfig:
     backlog_cap_per_name: int = 0
     #: Seconds in the Retry-After header of a 503 that is worth retrying.
     retry_after: int = 1
-    #: Bearer token every /jobs request must carry (None: no authentication).
-    auth_token: str | None = None
+    #: Credentials, roles, proxies, allowed hosts and console sessions.
+    access: AccessConfig = field(default_factory=AccessConfig)
+    #: Queued jobs due within this many seconds count in the backlog caps.
+    backlog_horizon: float = 3600.0
+    #: What job views show of errors (and the console of payloads).
+    redactor: Redactor = field(default_factory=Redactor)
     #: Strict mode: the job names that have handlers.
     known_names: frozenset[str] | None = None
     #: Per job name, the decoder of its handler's payload type (from ``--app``):
@@ -117,28 +134,46 @@ class JobsApi:
     waits for the ones in flight.
     """
 
-    def __init__(self, queue: Queue, config: ApiConfig, metrics: ApiMetrics | None = None) -> None:
+    def __init__(
+        self,
+        queue: Queue,
+        config: ApiConfig,
+        metrics: ApiMetrics | None = None,
+        gate: Gate | None = None,
+    ) -> None:
         self.queue = queue
         self.config = config
         self.metrics = metrics
+        self.gate = gate or Gate(config.access)
         self.draining = False
         self._limits = config.limits
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        self._token_digest = (
-            None if config.auth_token is None else _digest(config.auth_token.encode("utf-8"))
-        )
         self._retry_after = {"Retry-After": str(config.retry_after)}
+        self._unready: str | None = None
         # The document of this API as configured: its limits, strict mode's names,
-        # whether a token is needed.
-        self._openapi = openapi_document(self._limits, bearer_auth=config.auth_token is not None)
+        # whether credentials are needed, and each operation's declared access.
+        self._openapi = openapi_document(
+            self._limits, bearer_auth=config.access.auth, access=self.declared_access()
+        )
+
+    def declared_access(self) -> dict[str, Access]:
+        """What each route declares with ``@requires``, by its OpenAPI operationId
+        (the handler's name in camelCase)."""
+        return {
+            _operation_id(route.handler.__name__): access_of(route.handler)
+            for route in self.application().router.routes()
+            if route.method != "HEAD"
+        }
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
     def application(self) -> web.Application:
+        """The routes. Each handler declares its access with ``@requires``: add a new
+        endpoint here and decorate its handler (see :func:`check_declared`)."""
         app = web.Application(
             client_max_size=self.config.max_body_bytes, middlewares=[self._middleware]
         )
@@ -150,6 +185,7 @@ class JobsApi:
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/openapi.json", self.openapi)
+        app.on_startup.append(_check_on_startup)
         return app
 
     async def drain(self, timeout: float) -> bool:
@@ -174,13 +210,20 @@ class JobsApi:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         start = time.perf_counter()
+        peer = self.gate.peer(request.remote, request.scheme, request.host, request.headers)
+        if peer.address != request.remote or peer.scheme != request.scheme:
+            # Behind a trusted proxy: the client's address and scheme (so request.secure
+            # is true behind TLS, and the console's cookies are Secure).
+            request = request.clone(remote=peer.address, scheme=peer.scheme)
+        request[PEER] = peer
+        request[CREDENTIAL] = ANONYMOUS
         path = request.path
         guarded = path == "/jobs" or path.startswith("/jobs/")
         if guarded:
             self._in_flight += 1
             self._idle.clear()
         try:
-            response = await self._respond(request, handler, guarded)
+            response = await self._respond(request, handler, peer, guarded)
         finally:
             if guarded:
                 self._in_flight -= 1
@@ -192,8 +235,9 @@ class JobsApi:
             self.metrics.observe(route, response.status, elapsed)
         # Bodies are never logged: payloads may hold personal data or secrets.
         access_log.info(
-            "%s %s %s %d %.1fms",
-            request.remote,
+            "%s %s %s %s %d %.1fms",
+            peer.address,
+            request[CREDENTIAL].name,
             request.method,
             path,
             response.status,
@@ -202,15 +246,26 @@ class JobsApi:
         return response
 
     async def _respond(
-        self, request: web.Request, handler: Handler, guarded: bool
+        self, request: web.Request, handler: Handler, peer: Peer, guarded: bool
     ) -> web.StreamResponse:
         try:
-            if guarded:
-                if self.draining:
+            access = _declared_access(request)
+            if access is not Access.PUBLIC:
+                self.gate.check_host(peer)
+            if not _in_console(request.path):
+                if guarded and self.draining:
                     # No Retry-After: this process is going away, not overloaded.
                     raise RequestError(503, "shutting down")
-                self._authorize(request)
+                if not self.gate.auth and request.method == "POST":
+                    # No credentials: only a JSON POST, which a page of another site
+                    # cannot send without a CORS preflight this API never grants.
+                    check_content_type(request.content_type, request.charset)
+                request[CREDENTIAL] = await self.gate.bearer(
+                    request.headers.get("Authorization"), peer, access
+                )
             return await handler(request)
+        except AccessDenied as exc:
+            return _error_response(RequestError(exc.status, exc.message, headers=exc.headers))
         except RequestError as exc:
             return _error_response(exc)
         except web.HTTPException as exc:  # routing: unknown path, wrong method
@@ -220,21 +275,6 @@ class JobsApi:
         except Exception:
             log.exception("jobs API: %s %s failed", request.method, request.path)
             return _error_response(RequestError(500, "internal error"))
-
-    def _authorize(self, request: web.Request) -> None:
-        expected = self._token_digest
-        if expected is None:
-            return
-        scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-        # Digests of equal length, compared in constant time: neither the token nor
-        # its length leaks through timing.
-        given = _digest(credentials.strip().encode("utf-8", "surrogateescape"))
-        if not (scheme.lower() == "bearer" and hmac.compare_digest(given, expected)):
-            raise RequestError(
-                401,
-                "missing or invalid bearer token: send Authorization: Bearer <token>",
-                headers={"WWW-Authenticate": 'Bearer realm="pgfleet"'},
-            )
 
     def _library_error(self, exc: PgfleetError) -> RequestError:
         if isinstance(exc, JobNotFound):
@@ -262,6 +302,7 @@ class JobsApi:
 
     # ------------------------------------------------------------ handlers
 
+    @requires(Access.ENQUEUE)
     async def enqueue(self, request: web.Request) -> web.Response:
         parent = tracing.incoming(request.headers)
         if parent is None:
@@ -290,39 +331,75 @@ class JobsApi:
         jobs = [{"id": str(i), "status": s} for i, s in zip(ids, statuses, strict=True)]
         return web.json_response({"jobs": jobs}, status=202)
 
+    @requires(Access.READ_JOB)
     async def get_job(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
         job = await self.queue.get(job_id)
         if job is None:
             raise RequestError(404, f"no job with id {job_id}", {"id": job_id})
-        return web.json_response(job_view(job))
+        return web.json_response(self._view(job))
 
+    @requires(Access.OPERATE)
     async def cancel_job(self, request: web.Request) -> web.Response:
-        return web.json_response(job_view(await self.queue.cancel(request.match_info["id"])))
+        await self._empty_body(request)
+        job = await self.queue.cancel(request.match_info["id"])
+        audit(request[CREDENTIAL], request[PEER], "cancel job %s (%s)", job.id, job.name)
+        return web.json_response(self._view(job))
 
+    @requires(Access.OPERATE)
     async def retry_job(self, request: web.Request) -> web.Response:
-        return web.json_response(job_view(await self.queue.retry(request.match_info["id"])))
+        await self._empty_body(request)
+        job = await self.queue.retry(request.match_info["id"])
+        audit(request[CREDENTIAL], request[PEER], "retry job %s (%s)", job.id, job.name)
+        return web.json_response(self._view(job))
 
+    @requires(Access.OBSERVE)
     async def list_jobs(self, request: web.Request) -> web.Response:
         query = parse_list_query(request.query)
         jobs = await self.queue.recent(query.limit, status=query.status, name=query.name)
-        return web.json_response({"jobs": [job_view(j) for j in jobs]})
+        return web.json_response({"jobs": [self._view(j) for j in jobs]})
 
+    @requires(Access.PUBLIC)
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
 
+    @requires(Access.PUBLIC)
     async def openapi(self, _request: web.Request) -> web.Response:
         return web.json_response(self._openapi)
 
+    @requires(Access.PUBLIC)
     async def readyz(self, _request: web.Request) -> web.Response:
+        """Generic on the API's (public) port: why it is not ready goes to the log and
+        to the private metrics port's /readyz, never to whoever asks here."""
         if self.draining:
             return web.json_response({"status": "shutting down"}, status=503)
         problem = await database_ready(self.queue.pool)
+        if problem != self._unready:
+            if problem is not None:
+                log.warning("jobs API not ready: %s", problem)
+            self._unready = problem
         if problem is None:
             return web.json_response({"status": "ready"})
-        return web.json_response({"status": "not ready", "reason": problem}, status=503)
+        return web.json_response({"status": "not ready"}, status=503)
 
     # ------------------------------------------------------------ helpers
+
+    def _view(self, job: Job) -> dict[str, Any]:
+        view = job_view(job)
+        if "error" in view:
+            view["error"] = self.config.redactor.error(job.name, view["error"])
+        return view
+
+    async def _empty_body(self, request: web.Request) -> None:
+        """Cancel and retry take no body; a JSON one must be an empty object."""
+        if not request.body_exists:
+            return
+        raw = await request.read()
+        if not raw.strip():
+            return
+        check_content_type(request.content_type, request.charset)
+        if decode_json(raw) != {}:
+            raise RequestError(422, "this endpoint takes no body (or an empty JSON object)")
 
     async def _read_json(self, request: web.Request) -> Any:
         check_content_type(request.content_type, request.charset)
@@ -348,7 +425,9 @@ class JobsApi:
         if cap:
             if size > cap:
                 raise _over_cap_forever(f"{size} jobs", "the backlog cap", cap)
-            backlog = await self.queue.runnable_backlog(at_most=cap)
+            backlog = await self.queue.runnable_backlog(
+                at_most=cap, horizon=self.config.backlog_horizon
+            )
             if backlog + size > cap:
                 raise RequestError(
                     503,
@@ -360,7 +439,9 @@ class JobsApi:
             biggest, count = incoming.most_common(1)[0]
             if count > per_name:
                 raise _over_cap_forever(f"{count} {biggest!r} jobs", "the per-name cap", per_name)
-            backlogs = await self.queue.runnable_backlog_by_name(incoming, at_most=per_name)
+            backlogs = await self.queue.runnable_backlog_by_name(
+                incoming, at_most=per_name, horizon=self.config.backlog_horizon
+            )
             for name, n in sorted(incoming.items()):
                 backlog = backlogs.get(name, 0)
                 if backlog + n > per_name:
@@ -381,8 +462,36 @@ class JobsApi:
         return [found.get(i, JobStatus.QUEUED).value for i in ids]
 
 
-def _digest(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()
+def _operation_id(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+def _in_console(path: str) -> bool:
+    return path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/")
+
+
+def _declared_access(request: web.Request) -> Access:
+    """What the matched route needs. Unmatched paths (404, 405) need nothing: they
+    answer with an error and do nothing. A route whose handler declares nothing is
+    refused: never open by omission."""
+    if request.match_info.http_exception is not None:
+        return Access.PUBLIC
+    try:
+        return access_of(request.match_info.handler)
+    except LookupError:
+        log.error("jobs API: %s %s has no declared access", request.method, request.path)
+        raise RequestError(403, "this endpoint declares no access and is refused") from None
+
+
+def check_declared(app: web.Application) -> None:
+    """Raise LookupError naming any routed handler without ``@requires``."""
+    for route in app.router.routes():
+        access_of(route.handler)
+
+
+async def _check_on_startup(app: web.Application) -> None:
+    check_declared(app)
 
 
 def _route_template(request: web.Request) -> str:

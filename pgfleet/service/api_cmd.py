@@ -21,9 +21,13 @@ from pgfleet.db.connect import Pool
 from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, AppPool, BoundedPool
 from pgfleet.errors import PgfleetError, ValidationError
 from pgfleet.queue import NotifyMode, Queue, create_pool
-from pgfleet.service.apps import AppError, load_registry
+from pgfleet.service import credentials
+from pgfleet.service.access import AccessConfig, Gate
+from pgfleet.service.apps import AppError, load_object, load_registry
 from pgfleet.service.console import flags as console_flags
+from pgfleet.service.credentials import LEGACY_NAME
 from pgfleet.service.flags import add_common
+from pgfleet.service.guard import AllowedHosts, FailureBackoff, TrustedProxies, parse_networks
 from pgfleet.service.process import (
     NO_DATABASE,
     Stopper,
@@ -34,6 +38,8 @@ from pgfleet.service.process import (
     env_flag,
     install_uvloop,
 )
+from pgfleet.service.redaction import Redactor, parse_fields
+from pgfleet.service.revocations import Revocations
 
 if TYPE_CHECKING:
     from pgfleet.service.api import ApiConfig
@@ -85,6 +91,15 @@ _INTEGERS: tuple[tuple[str, str, int, int, int, str], ...] = (
     ),
     ("--retry-after", "API_RETRY_AFTER", 1, 1, 86400, "Retry-After seconds of a retryable 503"),
     ("--pool-size", "API_POOL_SIZE", 10, 1, 1000, "database connections"),
+    (
+        "--auth-free-failures",
+        "API_AUTH_FREE_FAILURES",
+        5,
+        1,
+        1000,
+        "failed authentications a client may make before each further one pauses it "
+        "(1 s, doubling, at most 5 min; 429 with Retry-After meanwhile)",
+    ),
 )
 
 
@@ -123,11 +138,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "[PGFLEET_API_SHUTDOWN_TIMEOUT] (default 30)",
     )
     parser.add_argument(
+        "--credentials",
+        default=env_default("API_CREDENTIALS"),
+        help="named credentials as name:role:secret, comma-separated; roles: producer "
+        "(enqueue, read a job by id), viewer (console and lists, read-only), operator "
+        "(everything) [PGFLEET_API_CREDENTIALS] (prefer the variable or "
+        "--credentials-file: command lines are visible to other users)",
+    )
+    parser.add_argument(
+        "--credentials-file",
+        default=env_default("API_CREDENTIALS_FILE"),
+        help="a file of name:role:secret lines (secrets may be sha256:<hex> digests) "
+        "[PGFLEET_API_CREDENTIALS_FILE]",
+    )
+    parser.add_argument(
         "--auth-token",
         default=env_default("API_TOKEN"),
-        help="require Authorization: Bearer <token> on every /jobs request "
-        "[PGFLEET_API_TOKEN] (default: no authentication; prefer the variable, "
-        "command lines are visible to other users)",
+        help="the one-token setup: a single operator credential named api-token, for "
+        "producers and the console alike [PGFLEET_API_TOKEN] (default: no "
+        "authentication); split it into --credentials to give producers less",
+    )
+    parser.add_argument(
+        "--trusted-proxies",
+        default=env_default("API_TRUSTED_PROXIES"),
+        help="addresses or networks of the reverse proxies whose X-Forwarded-For, "
+        "-Proto and -Host are believed (client address, https for Secure cookies) "
+        "[PGFLEET_API_TRUSTED_PROXIES] (default: none)",
+    )
+    parser.add_argument(
+        "--allowed-hosts",
+        default=env_default("API_ALLOWED_HOSTS"),
+        help="Host names requests may carry, comma-separated, * for any "
+        "[PGFLEET_API_ALLOWED_HOSTS] (default without credentials: localhost, 127.0.0.1, "
+        "::1 and --host; with credentials: any)",
+    )
+    parser.add_argument(
+        "--backlog-horizon",
+        default=env_default("API_BACKLOG_HORIZON", 3600.0),
+        help="queued jobs due within this many seconds count in the backlog caps "
+        "[PGFLEET_API_BACKLOG_HORIZON] (default 3600; 0: only jobs due now)",
+    )
+    parser.add_argument(
+        "--redact-fields",
+        default=env_default("REDACT_FIELDS"),
+        help="payload keys shown as [redacted] in the console, and masked as key=value "
+        "in errors the API and console show, comma-separated; none for none "
+        "[PGFLEET_REDACT_FIELDS] (default: password, secret, token, api_key, "
+        "authorization, card_number, cvv, ssn and similar)",
+    )
+    parser.add_argument(
+        "--redact-hook",
+        default=env_default("REDACT_HOOK"),
+        help="module:attribute of a redaction rule of your own: an object with "
+        "payload(name, payload) and/or error(name, text), or a function "
+        "(name, payload) -> payload [PGFLEET_REDACT_HOOK]",
     )
     parser.add_argument(
         "--app",
@@ -199,8 +263,14 @@ def _check(args: argparse.Namespace) -> None:
     if not 0 < bound <= 3600:
         raise fail(f"--database-timeout must be over 0 and at most 3600 seconds, got {bound}")
     args.database_timeout = bound
-    if args.auth_token is not None and not args.auth_token.strip():
-        raise fail("--auth-token is empty: give a token or leave it unset")
+    try:
+        horizon = float(args.backlog_horizon)
+    except (TypeError, ValueError):
+        raise fail(f"--backlog-horizon must be a number, got {args.backlog_horizon!r}") from None
+    if not 0 <= horizon <= 10 * 365 * 86400:
+        raise fail(f"--backlog-horizon must be from 0 to ten years in seconds, got {horizon}")
+    args.backlog_horizon = horizon
+    console_flags.check(args, fail)
     if args.metrics_port and args.metrics_port == args.port and args.metrics_host == args.host:
         raise fail("--metrics-port must differ from --port: metrics are not served on the API")
     modes = [mode.value for mode in NotifyMode]
@@ -208,6 +278,36 @@ def _check(args: argparse.Namespace) -> None:
         raise fail(f"--notify must be one of {', '.join(modes)}, got {args.notify!r}")
     if args.strict and not args.app:
         raise fail("--strict needs --app module:registry (the job names to accept)")
+
+
+def build_access(args: argparse.Namespace) -> AccessConfig:
+    """Credentials, proxies, allowed hosts and sessions; UsageError naming a problem."""
+    try:
+        creds = credentials.load(
+            entries=args.credentials, file=args.credentials_file, legacy_token=args.auth_token
+        )
+        proxies = TrustedProxies(parse_networks(args.trusted_proxies, "--trusted-proxies"))
+    except ValueError as exc:  # CredentialError included
+        raise UsageError(f"pgfleet api: {exc}") from None
+    hosts = None
+    if args.allowed_hosts or not creds:
+        hosts = AllowedHosts.parse(args.allowed_hosts, args.host)
+    return AccessConfig(
+        credentials=creds,
+        proxies=proxies,
+        allowed_hosts=hosts,
+        secure_cookies=args.ui_secure_cookies,
+        session_lifetime=args.ui_session_lifetime,
+        session_idle=args.ui_session_idle,
+    )
+
+
+def build_redactor(args: argparse.Namespace) -> Redactor:
+    hook = load_object(args.redact_hook, "--redact-hook") if args.redact_hook else None
+    try:
+        return Redactor(parse_fields(args.redact_fields), hook)
+    except TypeError as exc:
+        raise AppError(str(exc)) from None
 
 
 def build_config(args: argparse.Namespace) -> ApiConfig:
@@ -228,10 +328,33 @@ def build_config(args: argparse.Namespace) -> ApiConfig:
         backlog_cap=args.backlog_cap,
         backlog_cap_per_name=args.backlog_cap_per_name,
         retry_after=args.retry_after,
-        auth_token=args.auth_token.strip() if args.auth_token else None,
+        access=build_access(args),
+        backlog_horizon=args.backlog_horizon,
+        redactor=build_redactor(args),
         known_names=known,
         payload_decoders=decoders,
     )
+
+
+def _announce_access(access: AccessConfig) -> None:
+    creds = access.credentials
+    if not creds:
+        hosts = access.allowed_hosts
+        log.warning(
+            "jobs API without credentials: anyone who reaches it may enqueue, read and "
+            "cancel jobs (answering Host %s only, JSON POSTs only); set "
+            "PGFLEET_API_CREDENTIALS",
+            "any" if hosts is None or hosts.any else ", ".join(sorted(hosts.names)),
+        )
+        return
+    roles = ", ".join(f"{n} {role.value}" for role, n in creds.roles().items() if n)
+    log.info("jobs API credentials: %s (%s)", ", ".join(c.name for c in creds.all), roles)
+    if creds.named(LEGACY_NAME) is not None:
+        log.warning(
+            "PGFLEET_API_TOKEN is one credential for producers and the console alike, with "
+            "operator rights: give producers their own (PGFLEET_API_CREDENTIALS="
+            "name:producer:<secret>,name:operator:<secret>, see docs/operations/security.md)"
+        )
 
 
 def make_queue(pool: AppPool, args: argparse.Namespace, config: ApiConfig) -> Queue:
@@ -252,6 +375,7 @@ async def serve(args: argparse.Namespace, config: ApiConfig) -> int:
     from pgfleet.service.api import ApiMetrics, JobsApi  # lazy: optional extra (aiohttp)
     from pgfleet.service.http import Server, metrics_server  # lazy: optional extra (aiohttp)
     from pgfleet.service.metrics import (  # lazy: optional extra (prometheus_client)
+        NameLabels,
         ProcessMetrics,
         QueueStats,
     )
@@ -268,20 +392,28 @@ async def serve(args: argparse.Namespace, config: ApiConfig) -> int:
     )
     registry = CollectorRegistry()
     queue = make_queue(pool, args, config)
-    queue.on_enqueued = ProcessMetrics(registry, worker=False).count_enqueued
     # The API competes for the fleet's metrics lease too: the backlog gauges keep
     # coming while every worker is down, which is when they matter most.
     names: Any = config.known_names
     if names is None and args.app:
         names = load_registry(args.app).names()
+    labels = NameLabels(known=names or ())
+    queue.on_enqueued = ProcessMetrics(registry, worker=False, names=labels).count_enqueued
     stats = QueueStats(BoundedPool(pool, args.database_timeout), names or ())
     registry.register(stats)
-    api = JobsApi(queue, config, ApiMetrics(registry))
+    # Behind a transaction-mode PgBouncer LISTEN cannot work: every check asks.
+    revocations = Revocations(
+        pool, timeout=min(args.database_timeout, 5.0), listen=not args.pgbouncer
+    )
+    gate = Gate(config.access, revocations, FailureBackoff(free=args.auth_free_failures))
+    api = JobsApi(queue, config, ApiMetrics(registry), gate)
     servers: list[Server] = []
     app = api.application()
-    console = console_flags.build(args, config.auth_token, stats.holder)
+    console = console_flags.build(args, gate, config.redactor, stats.holder)
     if console is not None:
         await console.attach(app, args.dsn, args.database_timeout)
+    if config.access.auth:
+        revocations.start()
     try:
         public = Server(app, args.host, args.port, "jobs API", shutdown_timeout=STOP_GRACE)
         await public.start()
@@ -300,6 +432,7 @@ async def serve(args: argparse.Namespace, config: ApiConfig) -> int:
     finally:
         for server in servers:
             await server.stop()
+        await revocations.stop()
         await queue.flush_notifications()
         await _close(pool)
     log.info("jobs API stopped")
@@ -325,6 +458,7 @@ def main(args: argparse.Namespace) -> int:
         config = build_config(args)
     except (PgfleetError, AppError) as exc:
         raise UsageError(f"pgfleet api: {exc}") from None
+    _announce_access(config.access)
     loop_name = install_uvloop()
     log.info("pgfleet api starting on %s (notify: %s)", loop_name, args.notify)
     try:

@@ -9,7 +9,9 @@ reports each job name once.
 
 Labels are the job name (the label is called ``kind``: the dashboards and alert
 rules select on it), the outcome and the wakeup source: never job ids, payloads or
-worker ids.
+worker ids. Job names a producer sends are bounded too: at most
+``PGFLEET_METRICS_MAX_NAMES`` (200) distinct names get series of their own,
+names an application registers always do, and the rest share ``kind="_other"``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from pgfleet.db.store import KindStats, Store
 from pgfleet.db.types import Pool
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job
+from pgfleet.service.process import env_default
 
 log = logging.getLogger("pgfleet")
 
@@ -57,6 +60,57 @@ PICKUP_BUCKETS = (
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
+#: The label of job names past the budget.
+OTHER = "_other"
+
+
+def default_max_names() -> int:
+    """``PGFLEET_METRICS_MAX_NAMES``, 200 by default (0: no bound)."""
+    value = env_default("METRICS_MAX_NAMES", "200")
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"PGFLEET_METRICS_MAX_NAMES must be an integer, got {value!r}") from None
+    if number < 0:
+        raise ValueError(f"PGFLEET_METRICS_MAX_NAMES must be 0 or more, got {number}")
+    return number
+
+
+class NameLabels:
+    """Job names as label values, at most ``limit`` distinct ones (0: no limit).
+
+    Every job name becomes a series of each metric it labels; a producer that
+    sends a new name per request (a typo loop, an id in the name, an attacker
+    without --strict) would grow the scrape without bound. ``known`` names (the
+    application's handlers) always get their own label; other names do while
+    the budget lasts, then share ``_other``."""
+
+    def __init__(
+        self, limit: int | None = None, known: Iterable[str] = (), *, warn: bool = True
+    ) -> None:
+        self.limit = default_max_names() if limit is None else limit
+        self._warn = warn
+        self._known = frozenset(known)
+        self._seen: set[str] = set()
+        self.overflowed = False
+
+    def __call__(self, name: str) -> str:
+        if name in self._known or name in self._seen:
+            return name
+        if not self.limit or len(self._seen) < self.limit:
+            self._seen.add(name)
+            return name
+        self.overflowed = True
+        if self._warn:
+            self._warn = False
+            log.warning(
+                "more than %d job names seen: further ones are counted under kind=%r "
+                "(PGFLEET_METRICS_MAX_NAMES, or --strict with --app)",
+                self.limit,
+                OTHER,
+            )
+        return OTHER
+
 
 class ProcessMetrics:
     """The per-process metrics, registered on one CollectorRegistry.
@@ -65,8 +119,15 @@ class ProcessMetrics:
     also carry the job, wakeup and slot series.
     """
 
-    def __init__(self, registry: CollectorRegistry, *, worker: bool = True) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        worker: bool = True,
+        names: NameLabels | None = None,
+    ) -> None:
         self.registry = registry
+        self.names = names or NameLabels()
         self.enqueued = Counter(
             "pgfleet_jobs_enqueued",
             "Jobs enqueued through this process.",
@@ -131,7 +192,7 @@ class ProcessMetrics:
 
     def count_enqueued(self, name: str, count: int) -> None:
         """``Queue.on_enqueued`` hook."""
-        self.enqueued.labels(name).inc(count)
+        self.enqueued.labels(self.names(name)).inc(count)
 
 
 class WorkerMetrics(WorkerEvents):
@@ -198,9 +259,17 @@ class QueueStats(Collector):
 
     ROLE = "metrics"
 
-    def __init__(self, pool: Pool, known_names: Iterable[str] = (), lease: float = 45.0):
+    def __init__(
+        self,
+        pool: Pool,
+        known_names: Iterable[str] = (),
+        lease: float = 45.0,
+        max_names: int | None = None,
+    ):
         self._store = Store(pool)
         self._known = set(known_names)
+        self._max_names = default_max_names() if max_names is None else max_names
+        self._overflowed = False
         self._lease = lease
         self.holder = uuid.uuid4()
         self.holding = False
@@ -260,10 +329,10 @@ class QueueStats(Collector):
             ),
         }
         seen = set()
-        for row in rows:
-            seen.add(row.name)
+        for name, values in self._bounded(rows).items():
+            seen.add(name)
             for key, family in families.items():
-                family.add_metric([row.name], float(getattr(row, key)))
+                family.add_metric([name], values[key])
         for name in sorted(self._known - seen):
             for family in families.values():
                 family.add_metric([name], 0.0)
@@ -281,6 +350,34 @@ class QueueStats(Collector):
             "Time the queue-level query took at the last scrape.",
             value=self._took,
         )
+
+    def _bounded(self, rows: list[KindStats]) -> dict[str, dict[str, float]]:
+        """The rows by label: known names first, then the others by name while the
+        budget lasts; the rest summed under ``_other`` (the oldest age: the largest)."""
+        labels = NameLabels(self._max_names, self._known, warn=False)
+        ordered = sorted(rows, key=lambda r: (r.name not in self._known, r.name))
+        out: dict[str, dict[str, float]] = {}
+        for row in ordered:
+            label = labels(row.name)
+            values = out.setdefault(label, dict.fromkeys(_STAT_KEYS, 0.0))
+            for key in _STAT_KEYS:
+                value = float(getattr(row, key))
+                if key == "oldest_age":
+                    values[key] = max(values[key], value)
+                else:
+                    values[key] += value
+        if labels.overflowed and not self._overflowed:
+            self._overflowed = True
+            log.warning(
+                "more than %d job names in the queue: the gauges sum the others under "
+                "kind=%r (PGFLEET_METRICS_MAX_NAMES)",
+                self._max_names,
+                OTHER,
+            )
+        return out
+
+
+_STAT_KEYS = ("queued", "scheduled", "running", "oldest_age", "dead")
 
 
 def render(registry: CollectorRegistry) -> bytes:

@@ -16,6 +16,7 @@ Standard library and pgfleet's own leaf modules only: no aiohttp.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pgfleet._version import __version__
@@ -37,6 +38,7 @@ from pgfleet.service.api_schema import (
     OPTION_FIELDS,
     Limits,
 )
+from pgfleet.service.credentials import Access, Role
 
 __all__ = ["OPENAPI_VERSION", "openapi_document"]
 
@@ -52,9 +54,15 @@ this process, the workers and the database restarting. Every refusal (4xx, 503)
 happens before anything is written, with a JSON body `{"error": ..., "detail": ...}`
 naming the problem.
 
-When the API was started with a token (`--auth-token`, `PGFLEET_API_TOKEN`), every
-`/jobs` request needs `Authorization: Bearer <token>`. The operator console under
-`/ui/` (HTML for people) and the metrics port's `/metrics` are not part of this API.
+When the API has credentials (`PGFLEET_API_CREDENTIALS`, or the one-token
+`PGFLEET_API_TOKEN`), every `/jobs` request needs `Authorization: Bearer <secret>` of
+a credential whose role allows the operation (`x-pgfleet-roles` on each operation):
+`producer` enqueues and reads a job by its id, `viewer` reads everything but
+payloads, `operator` does everything. A wrong secret is 401, a role that may not is
+403, and a client that keeps failing is paused with 429 and `Retry-After`. Without
+credentials the API answers only its own Host names (421 otherwise) and takes only
+JSON POSTs (415 otherwise). The operator console under `/ui/` (HTML for people) and
+the metrics port's `/metrics` are not part of this API.
 """
 
 _NAME = {
@@ -281,6 +289,21 @@ _RETRY_AFTER = {
 # Answers any /jobs operation can give, besides its own.
 _COMMON: dict[str, Any] = {
     "401": _error("Authentication is on and the bearer token is missing or wrong."),
+    "403": _error("The credential's role does not allow this operation."),
+    "421": _error(
+        "The Host header is not one this API answers for (--allowed-hosts; without "
+        "credentials: loopback and the bound address)."
+    ),
+    "429": _json(
+        "Error",
+        "Too many failed authentications from this client: retry after the pause.",
+        {
+            "Retry-After": {
+                "description": "Seconds before this client may try again.",
+                "schema": {"type": "integer", "minimum": 1},
+            }
+        },
+    ),
     "500": _error("An unexpected error; it is logged by the API."),
     "503": _json(
         "Error",
@@ -364,6 +387,17 @@ def _paths(limits: Limits) -> dict[str, Any]:
         },
     }
     not_found = _error("No job with that id (malformed ids included).")
+    # Cancel and retry take no body: none, or an empty JSON object (without
+    # credentials a POST must be JSON, which a page of another site cannot send).
+    no_body = {
+        "required": False,
+        "content": {_JSON: {"schema": {"type": "object", "maxProperties": 0}}},
+    }
+    no_body_errors = {
+        "415": _error("A body that is not application/json in UTF-8."),
+        "422": _error("A body other than an empty JSON object."),
+        "400": _error("Malformed JSON."),
+    }
     refused = _error("The job's state does not allow it, or its job_key is taken; nothing changed.")
     job_record = _json("Job", "The job's status record after the operation.")
     return {
@@ -380,6 +414,15 @@ def _paths(limits: Limits) -> dict[str, Any]:
                                 "description": "/jobs/{id} of the job (one job only).",
                                 "schema": {"type": "string"},
                             }
+                        },
+                        # What a client does next with the id (and what stateful
+                        # tests follow).
+                        "links": {
+                            operation: {
+                                "operationId": operation,
+                                "parameters": {"id": "$response.body#/id"},
+                            }
+                            for operation in ("getJob", "cancelJob", "retryJob")
                         },
                         "content": {
                             _JSON: {
@@ -437,18 +480,20 @@ def _paths(limits: Limits) -> dict[str, Any]:
             "post": _operation(
                 "cancelJob",
                 "Cancel a queued job",
-                {"200": job_record, "404": not_found, "409": refused},
+                {"200": job_record, "404": not_found, "409": refused, **no_body_errors},
                 secured=True,
                 parameters=[_JOB_ID],
+                requestBody=no_body,
             ),
         },
         "/jobs/{id}/retry": {
             "post": _operation(
                 "retryJob",
                 "Run a failed or cancelled job again, now, with fresh attempts",
-                {"200": job_record, "404": not_found, "409": refused},
+                {"200": job_record, "404": not_found, "409": refused, **no_body_errors},
                 secured=True,
                 parameters=[_JOB_ID],
+                requestBody=no_body,
             ),
         },
         "/healthz": {
@@ -465,7 +510,11 @@ def _paths(limits: Limits) -> dict[str, Any]:
                 "The database answers and the schema is current",
                 {
                     "200": _json("Health", '{"status": "ready"}'),
-                    "503": _json("Health", "Not ready (with the reason), or shutting down."),
+                    "503": _json(
+                        "Health",
+                        "Not ready, or shutting down (why goes to the log and the metrics "
+                        "port's /readyz, not to this public port).",
+                    ),
                 },
                 secured=False,
             )
@@ -486,12 +535,19 @@ def _paths(limits: Limits) -> dict[str, Any]:
     }
 
 
-def openapi_document(limits: Limits | None = None, *, bearer_auth: bool = True) -> dict[str, Any]:
+def openapi_document(
+    limits: Limits | None = None,
+    *,
+    bearer_auth: bool = True,
+    access: Mapping[str, Access] | None = None,
+) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the HTTP jobs API.
 
     ``limits`` are the running API's (batch size, strict mode's job names), the
     defaults when None; ``bearer_auth`` says whether ``/jobs`` requests need a
-    bearer token (``pgfleet api --auth-token``). A new dict on every call.
+    credential. ``access`` maps operation ids to what their handlers declare
+    (``@requires``): each operation then names the access it needs and the roles that
+    have it (``x-pgfleet-access``, ``x-pgfleet-roles``). A new dict on every call.
     """
     limits = limits or Limits()
     doc: dict[str, Any] = {
@@ -509,13 +565,32 @@ def openapi_document(limits: Limits | None = None, *, bearer_auth: bool = True) 
         "paths": _paths(limits),
         "components": {"schemas": _schemas(limits)},
     }
+    if access is not None:
+        _declare_access(doc, access)
+    doc["x-pgfleet-roles"] = {role.value: sorted(a.value for a in role.grants) for role in Role}
     if bearer_auth:
         doc["components"]["securitySchemes"] = {
             "bearer": {
                 "type": "http",
                 "scheme": "bearer",
-                "description": "The API's token (--auth-token, PGFLEET_API_TOKEN).",
+                "description": "The secret of one of the API's named credentials "
+                "(PGFLEET_API_CREDENTIALS, or PGFLEET_API_TOKEN: one operator). Its role "
+                "decides what it may do: see x-pgfleet-roles on each operation.",
             }
         }
         doc["security"] = [{"bearer": []}]
     return doc
+
+
+def _declare_access(doc: dict[str, Any], access: Mapping[str, Access]) -> None:
+    for item in doc["paths"].values():
+        for operation in item.values():
+            declared = access.get(operation["operationId"])
+            if declared is None:
+                raise LookupError(
+                    f"operation {operation['operationId']!r} has no routed handler declaring "
+                    "its access: the handler's name in camelCase is the operationId "
+                    "(list_jobs -> listJobs), and the handler carries @requires(Access.…)"
+                )
+            operation["x-pgfleet-access"] = declared.value
+            operation["x-pgfleet-roles"] = sorted(r.value for r in Role if r.allows(declared))

@@ -66,6 +66,8 @@ def dsn_problem(dsn: str) -> str | None:
             f"invalid database URL {dsn.split('@')[-1]!r}: it must start "
             "with postgresql:// (for example postgresql://user@host:5432/dbname)"
         )
+    if parts.password and "change-me" in parts.password.lower():
+        return "the database URL's password is an example placeholder (change-me…): set a real one"
     return None
 
 

@@ -154,8 +154,11 @@ async def test_status_moves_from_queued_through_running_to_succeeded(
 async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_written(
     fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
 ) -> None:
-    api = await fleet.api("--backlog-cap", "3", "--backlog-cap-per-name", "2", "--retry-after", "7")
-    # A job due later is not runnable backlog: the three after it still fit.
+    api = await fleet.api(
+        "--backlog-cap", "3", "--backlog-cap-per-name", "2", "--retry-after", "7",
+        "--backlog-horizon", "600",
+    )  # fmt: skip
+    # A job due past the horizon is not backlog yet: the three after it still fit.
     later = {"name": "a", "options": {"delay": 3600}}
     assert (await post_job(http, api.url, later)).status == 202
     for name in ("a", "a", "b"):
@@ -185,8 +188,24 @@ async def test_backlog_over_its_cap_gets_503_with_retry_after_and_nothing_is_wri
     a_job = await pool.fetchval(
         "SELECT id FROM pgfleet.jobs WHERE name = 'a' AND run_at <= now() LIMIT 1"
     )
-    assert (await call(http, "POST", f"{api.url}/jobs/{a_job}/cancel")).status == 200
+    assert (await call(http, "POST", f"{api.url}/jobs/{a_job}/cancel", json={})).status == 200
     assert (await post_job(http, api.url, {"name": "c"})).status == 202
+    assert await api.stop() == 0
+
+
+async def test_jobs_scheduled_within_the_horizon_count_against_the_cap(
+    fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    api = await fleet.api("--backlog-cap", "2", "--backlog-horizon", "600")
+    soon = {"name": "a", "options": {"delay": 60}}
+    # One request at a time: two jobs due in a minute fill the cap, as if due now.
+    assert (await post_job(http, api.url, soon)).status == 202
+    assert (await post_job(http, api.url, soon)).status == 202
+    before = await jobs_table(pool)
+    refused = await post_job(http, api.url, soon)
+    assert refused.status == 503, refused.body
+    assert refused.body["detail"] == {"backlog": 2, "cap": 2}
+    assert await jobs_table(pool) == before
     assert await api.stop() == 0
 
 
@@ -213,7 +232,8 @@ async def test_unknown_or_malformed_ids_are_404(
             ("POST", f"/jobs/{job_id}/cancel"),
             ("POST", f"/jobs/{job_id}/retry"),
         ):
-            reply = await call(http, method, api.url + path)
+            empty: dict[str, Any] | None = {} if method == "POST" else None
+            reply = await call(http, method, api.url + path, json=empty)
             assert reply.status == 404, (method, path, reply.body)
             assert job_id in reply.body["error"]
     assert await jobs_table(pool) == []
@@ -254,13 +274,13 @@ async def test_a_failing_job_retries_and_ends_failed_with_its_attempts(
     assert "error" not in ok
 
     # Operators: a finished job cannot be cancelled; a succeeded one is not retried.
-    refused = await call(http, "POST", f"{api.url}/jobs/{dead['id']}/cancel")
+    refused = await call(http, "POST", f"{api.url}/jobs/{dead['id']}/cancel", json={})
     assert refused.status == 409
     assert refused.body["detail"] == {"id": dead["id"], "status": "failed", "allowed": ["queued"]}
-    refused = await call(http, "POST", f"{api.url}/jobs/{ok['id']}/retry")
+    refused = await call(http, "POST", f"{api.url}/jobs/{ok['id']}/retry", json={})
     assert refused.status == 409
     assert "succeeded" in refused.body["error"]
-    again = await call(http, "POST", f"{api.url}/jobs/{dead['id']}/retry")
+    again = await call(http, "POST", f"{api.url}/jobs/{dead['id']}/retry", json={})
     assert again.status == 200
     assert (again.body["status"], again.body["attempt"]) == ("queued", 0)
     assert "error" not in again.body
@@ -493,7 +513,8 @@ async def test_bearer_token_guards_every_jobs_endpoint(
     fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
 ) -> None:
     token = "s3cret-" + uuid.uuid4().hex
-    api = await fleet.api(env={"PGFLEET_API_TOKEN": token})
+    # Fifteen failures in a row from one client: past the default five, it would be paused.
+    api = await fleet.api("--auth-free-failures", "20", env={"PGFLEET_API_TOKEN": token})
     some_id = str(uuid.uuid4())
     for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {token}"}):
         for method, path in (
@@ -651,13 +672,16 @@ async def test_database_down_gives_503_and_the_api_keeps_running(
 async def test_a_missing_database_or_role_gives_503_with_retry_after_not_500(
     fleet: Fleet, http: aiohttp.ClientSession, target: str
 ) -> None:
-    api = await fleet.api(dsn=f"postgresql://{target}")
+    api = await fleet.api(dsn=f"postgresql://{target}", metrics=True)
     reply = await post_job(http, api.url, {"name": "record"})
     assert (reply.status, reply.body["error"]) == (503, "database unavailable")
     assert reply.headers["Retry-After"] == "1", "it may be created any moment: worth retrying"
     assert (await call(http, "GET", f"{api.url}/jobs/{uuid.uuid4()}")).status == 503
+    # The public port says not ready; why, only the private metrics port (and the log).
     ready = await call(http, "GET", f"{api.url}/readyz")
-    assert ready.status == 503 and "does not exist" in ready.body["reason"]
+    assert ready.status == 503 and ready.body == {"status": "not ready"}
+    private = await call(http, "GET", f"{api.metrics_url}/readyz")
+    assert private.status == 503 and "does not exist" in private.body["reason"]
     assert "Traceback" not in api.proc.output()
     assert await api.stop() == 0
 

@@ -24,7 +24,7 @@ from pgfleet import EnqueueOptions, Queue
 from tests.acceptance.api_support import Fleet, until
 from tests.apps.console_app import REFUSAL
 
-TOKEN = "console-test-token-3f9a"
+TOKEN = "console-test-token-3f9a-7Kq2wZ"
 APP = "tests.apps.console_app:registry"
 CRONS = "tests.apps.console_app:crons"
 SCRIPT_PAYLOAD = {"card": "4242", "note": "<script>window.__pwned = 'payload'</script>"}
@@ -469,10 +469,21 @@ async def test_a_database_that_does_not_answer_gives_a_503_page_without_its_addr
     dsn = f"postgresql://console:s3cret-pw@127.0.0.1:{port}/nowhere"
     api = await fleet.api(dsn=dsn, env={"PGFLEET_API_TOKEN": TOKEN})
     async with session() as http:
-        signed_in = await login(http, api.url)  # signing in needs no database
-        assert signed_in.status == 303
+        # Sessions live in the database: signing in needs it, and says so.
+        async with http.get(f"{api.url}/ui/login") as resp:
+            form = await resp.text()
+        csrf = re.search(r'name="login_csrf" value="([^"]+)"', form)
+        assert csrf, form
+        data = {"token": TOKEN, "login_csrf": csrf.group(1), "next": "/ui/jobs"}
+        async with http.post(f"{api.url}/ui/login", data=data, allow_redirects=False) as resp:
+            text = await resp.text()
+            assert resp.status == 503, text
+            assert "did not answer" in text
+            assert "s3cret" not in text and str(port) not in text and "nowhere" not in text
+        # A cookie is looked up in the database: the same page, never the address.
+        cookie = {"Cookie": "pgfleet_console=an-old-session"}
         for path in ("/ui/", "/ui/jobs", "/ui/workers", "/ui/crons"):
-            async with http.get(f"{api.url}{path}") as resp:
+            async with http.get(f"{api.url}{path}", headers=cookie) as resp:
                 text = await resp.text()
                 assert resp.status == 503, (path, text)
                 assert "did not answer" in text

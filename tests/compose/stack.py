@@ -36,6 +36,10 @@ COMPOSE_VARIABLES = (
     "POSTGRES_PASSWORD",
     "GRAFANA_ADMIN_PASSWORD",
     "PGFLEET_API_TOKEN",
+    "PGFLEET_PRODUCER_TOKEN",
+    "PGFLEET_OPERATOR_TOKEN",
+    "PGFLEET_API_TRUSTED_PROXIES",
+    "PGFLEET_UI_SECURE_COOKIES",
     "PGFLEET_API_BIND",
     "PGFLEET_API_PUBLISHED_PORT",
     "GRAFANA_BIND",
@@ -182,7 +186,9 @@ class Stack:
 
     def __init__(self, workdir: Path, tag: str = "smoke") -> None:
         self.project = f"pgfleet-smoke-{os.getpid()}"
-        self.token = "smoke-" + os.urandom(12).hex()
+        # The operator's: the smoke test enqueues, reads and manages jobs.
+        self.token = "smoke-operator-" + os.urandom(12).hex()
+        self.producer_token = "smoke-producer-" + os.urandom(12).hex()
         self.postgres_password = "smoke-" + os.urandom(12).hex()
         self.api_port = free_port()
         self.tag = tag
@@ -192,7 +198,8 @@ class Stack:
         values = {
             "POSTGRES_PASSWORD": self.postgres_password,
             "GRAFANA_ADMIN_PASSWORD": "smoke-" + os.urandom(12).hex(),
-            "PGFLEET_API_TOKEN": self.token,
+            "PGFLEET_OPERATOR_TOKEN": self.token,
+            "PGFLEET_PRODUCER_TOKEN": self.producer_token,
             "PGFLEET_API_PUBLISHED_PORT": str(self.api_port),
             "GRAFANA_PUBLISHED_PORT": str(free_port()),
             "PGFLEET_IMAGE_TAG": tag,

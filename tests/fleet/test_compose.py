@@ -29,15 +29,20 @@ from tests.fleet.support import (
 SECRETS = {
     "POSTGRES_PASSWORD": "throwaway-postgres",
     "GRAFANA_ADMIN_PASSWORD": "throwaway-grafana",
-    "PGFLEET_API_TOKEN": "throwaway-token",
+    "PGFLEET_PRODUCER_TOKEN": "throwaway-producer-token-Xq3v9Lk2",
+    "PGFLEET_OPERATOR_TOKEN": "throwaway-operator-token-Pw7m4Zr8",
 }
 #: The images compose pulls (and the base of the one it builds), by the variable that
 #: overrides each, with the pinned default.
 IMAGE_VARIABLES = {
-    "PGFLEET_POSTGRES_IMAGE": "postgres:16.6-alpine",
-    "PGFLEET_PROMETHEUS_IMAGE": "prom/prometheus:v2.55.1",
-    "PGFLEET_GRAFANA_IMAGE": "grafana/grafana:11.4.0",
-    "PGFLEET_PYTHON_IMAGE": "python:3.11.11-slim-bookworm",
+    "PGFLEET_POSTGRES_IMAGE": "postgres:16.6-alpine@sha256:"
+    "1d04b9ba1d4996401f2552b51beda8187f175c0645c091e4781134fc9c9a3eef",
+    "PGFLEET_PROMETHEUS_IMAGE": "prom/prometheus:v2.55.1@sha256:"
+    "2659f4c2ebb718e7695cb9b25ffa7d6be64db013daba13e05c875451cf51b0d3",
+    "PGFLEET_GRAFANA_IMAGE": "grafana/grafana:11.4.0@sha256:"
+    "d8ea37798ccc41061a62ab080f2676dda6bf7815558499f901bdb0f533a456fb",
+    "PGFLEET_PYTHON_IMAGE": "python:3.11.11-slim-bookworm@sha256:"
+    "081075da77b2b55c23c088251026fb69a7b2bf92471e491ff5fd75c192fd38e5",
 }
 OPTIONAL = (
     "PGFLEET_API_BIND",
@@ -50,6 +55,8 @@ OPTIONAL = (
     *IMAGE_VARIABLES,
     "PGFLEET_API_UI",
     "PGFLEET_UI_HIDE_PAYLOADS",
+    "PGFLEET_API_TRUSTED_PROXIES",
+    "PGFLEET_UI_SECURE_COOKIES",
 )
 
 
@@ -144,9 +151,11 @@ def test_every_image_is_pinned_to_an_explicit_version(services: dict[str, Any]) 
             raise AssertionError(f"{name} builds an image not named pgfleet:<tag>: {image!r}")
         else:
             # PostgreSQL releases are major.minor (16.6); everything else major.minor.patch.
+            # A tag a person can read, and the digest that cannot be pushed again.
             version = r"\d+\.\d+" if image.startswith("postgres:") else r"v?\d+\.\d+\.\d+"
-            assert re.fullmatch(r"[a-z0-9/._-]+:" + version + r"(-[a-z0-9.]+)?", image), (
-                f"{name}: {image!r} is not pinned to an exact version"
+            pattern = r"[a-z0-9/._-]+:" + version + r"(-[a-z0-9.]+)?@sha256:[0-9a-f]{64}"
+            assert re.fullmatch(pattern, image), (
+                f"{name}: {image!r} is not pinned to an exact version and digest"
             )
 
 
@@ -241,7 +250,7 @@ def test_pgfleet_healthchecks_hit_healthz_on_the_metrics_ports(services: dict[st
 
 def test_the_api_serves_the_console_by_default(services: dict[str, Any]) -> None:
     env = services["api"]["environment"]
-    # On unless .env says otherwise; it signs in with PGFLEET_API_TOKEN, required above.
+    # On unless .env says otherwise; operators sign in with PGFLEET_OPERATOR_TOKEN.
     assert env["PGFLEET_API_UI"] == "${PGFLEET_API_UI:-1}"
     assert env["PGFLEET_UI_HIDE_PAYLOADS"] == "${PGFLEET_UI_HIDE_PAYLOADS:-0}"
 
@@ -305,7 +314,7 @@ def test_passwords_have_no_working_default() -> None:
     text = COMPOSE.read_text()
     assert "${POSTGRES_PASSWORD:?" in text
     assert "${GRAFANA_ADMIN_PASSWORD:?" in text
-    for var in ("POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD", "PGFLEET_API_TOKEN"):
+    for var in ("POSTGRES_PASSWORD", "GRAFANA_ADMIN_PASSWORD", *SECRETS):
         for use in re.findall(r"\$\{" + var + r"([^}]*)\}", text):
             assert use.startswith(":?"), f"${{{var}{use}}} would start with a default"
 
@@ -331,8 +340,36 @@ def test_env_example_holds_placeholders_and_env_is_ignored() -> None:
     )
     assert set(SECRETS) <= set(values)
     for key in SECRETS:
-        assert values[key].startswith("change-me"), key
+        # Empty: compose's ${VAR:?} refuses an empty value, where a placeholder such as
+        # change-me-api-token passed it and reached production.
+        assert values[key] == "", key
     assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
+
+
+def test_producers_and_operators_have_their_own_credentials(services: dict[str, Any]) -> None:
+    api = services["api"]["environment"]
+    assert "PGFLEET_API_TOKEN" not in api, "one token for everything is the old setup"
+    entries = api["PGFLEET_API_CREDENTIALS"].split(",")
+    assert [e.split(":")[:2] for e in entries] == [
+        ["producer", "producer"],
+        ["operator", "operator"],
+    ]
+    assert "${PGFLEET_PRODUCER_TOKEN:?" in entries[0]
+    assert "${PGFLEET_OPERATOR_TOKEN:?" in entries[1]
+    # The load test is a producer, never an operator.
+    locust = services["locust"]["environment"]
+    assert locust["PGFLEET_API_TOKEN"].startswith("${PGFLEET_PRODUCER_TOKEN:?")
+
+
+@pytest.mark.parametrize("name", ["migrate", "worker", "api", "locust"])
+def test_pgfleet_containers_are_read_only_without_capabilities(
+    services: dict[str, Any], name: str
+) -> None:
+    service = services[name]
+    assert service["read_only"] is True
+    assert service["tmpfs"] == ["/tmp"]
+    assert service["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in service["security_opt"]
 
 
 # --- prometheus, grafana, locust ----------------------------------------------------------

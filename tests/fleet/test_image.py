@@ -61,7 +61,10 @@ def test_base_image_is_a_pinned_slim_python() -> None:
         rest.split("=", 1) for word, rest in instructions() if word == "ARG" and "=" in rest
     )
     base = args["PYTHON_IMAGE"]
-    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-(bookworm|trixie)", base), base
+    # A tag for people, its digest for the builder: the same bytes on every rebuild.
+    assert re.fullmatch(r"python:3\.\d+\.\d+-slim-(bookworm|trixie)@sha256:[0-9a-f]{64}", base), (
+        base
+    )
     for _stage, body in stages().items():
         image = body[0][1]
         assert image == "${PYTHON_IMAGE}" or image in stages(), image
@@ -71,15 +74,28 @@ def test_multi_stage_with_dependencies_installed_apart_from_the_final_image() ->
     all_stages = stages()
     assert list(all_stages)[-1] == "runtime", "the default target runs pgfleet"
     deps = " ".join(rest for _w, rest in all_stages["deps"])
-    # Dependencies from pyproject.toml alone, before the code is copied: a code change
-    # reuses that layer. uvloop comes with [service].
-    assert "pyproject.toml worker/requirements.py ./" in deps
-    assert "requirements.py service" in deps and "pip install --requirement" in deps
+    # Dependencies from the lock alone, before the code is copied: a code change reuses
+    # that layer. Every file is checked against its hash; nothing is resolved.
+    assert ("COPY", "requirements/service.lock requirements/") in all_stages["deps"]
+    assert "--require-hashes --no-deps --requirement requirements/service.lock" in deps
     assert "COPY pgfleet" not in deps and "README" not in deps
+    # pgfleet's own wheel is built with the locked setuptools, nothing fetched unpinned.
+    wheel = " ".join(rest for _w, rest in all_stages["wheel"])
+    assert "--require-hashes --no-deps --requirement requirements/build.lock" in wheel
+    assert "pip wheel --no-deps --no-build-isolation" in wheel
     builder = all_stages["builder"]
     assert builder[0] == ("FROM", "deps")
     runs = [" ".join(rest.split()) for word, rest in builder if word == "RUN"]
-    assert runs == ["/opt/venv/bin/pip install --no-deps . && /opt/venv/bin/pip check"]
+    assert runs == ["/opt/venv/bin/pip install --no-deps /wheels/*.whl && /opt/venv/bin/pip check"]
+    loadtest = " ".join(rest for _w, rest in all_stages["loadtest-deps"])
+    assert "--require-hashes --no-deps --requirement requirements/loadtest.lock" in loadtest
+    # No pip install in any stage takes a requirement without its lock.
+    for name, body in all_stages.items():
+        for word, rest in body:
+            if word == "RUN" and "pip install" in rest:
+                for command in rest.split("&&"):
+                    if "pip install" in command and "/wheels/" not in command:
+                        assert "--require-hashes" in command, f"{name}: {command}"
     # Every dependency is a binary wheel: no compiler in any stage, and pip refuses to
     # fall back to compiling an sdist (which would fail for want of one anyway).
     assert "PIP_ONLY_BINARY=:all:" in deps
@@ -93,20 +109,6 @@ def test_multi_stage_with_dependencies_installed_apart_from_the_final_image() ->
             )
     runtime = all_stages["runtime"]
     assert ("COPY", "--from=builder /opt/venv /opt/venv") in runtime
-
-
-def test_requirements_script_reads_the_extras_from_pyproject() -> None:
-    import tomllib
-
-    from worker.requirements import requirements
-
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    service = requirements(ROOT / "pyproject.toml", ["service"])
-    assert service == project["dependencies"] + project["optional-dependencies"]["service"]
-    assert any(r.startswith("uvloop") for r in service)
-    assert any(r.startswith("locust") for r in requirements(ROOT / "pyproject.toml", ["loadtest"]))
-    with pytest.raises(SystemExit, match="no such extra.*nope"):
-        requirements(ROOT / "pyproject.toml", ["nope"])
 
 
 def test_final_image_runs_as_a_non_root_user() -> None:
@@ -140,7 +142,7 @@ def test_dockerignore_allows_only_what_the_image_needs() -> None:
     ]
     assert lines[0] == "*", "an allow-list: .env, .git and .venv never reach the context"
     allowed = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
-    assert allowed == {"pyproject.toml", "README.md", "pgfleet", "worker"}
+    assert allowed == {"pyproject.toml", "requirements/*.lock", "README.md", "pgfleet", "worker"}
 
 
 # --- the health check script ---------------------------------------------------------

@@ -336,7 +336,7 @@ async def test_cli_drains_on_sigint_and_leaves_no_process_behind(
         )
         tree = descendants(cli.pid)
         assert len(roles(tree).get("worker", [])) == 3
-        await console_answers(cli, tmp_path / "fleet" / "api-token")
+        await console_answers(cli, tmp_path / "fleet" / "operator-token")
 
         cli.signal(signal.SIGINT)
         code = await asyncio.wait_for(cli.process.wait(), DEADLINE)
@@ -390,8 +390,8 @@ async def test_cli_reports_dead_children_and_stops_on_sigterm(
 
 
 async def console_answers(cli: Proc, token_file: Path) -> None:
-    """The console is on by default: sign in with the token the runner made (or the
-    one from the environment) and read the overview."""
+    """The console is on by default: sign in with the operator credential the runner
+    made (or the one token from the environment) and read the overview."""
     import aiohttp
 
     found = re.search(r"console     (http://127\.0\.0\.1:\d+)/ui/", cli.output())

@@ -136,14 +136,22 @@ def test_summary_reads_finished_attempts_and_queue_gauges() -> None:
     }
 
 
-def test_the_console_token_is_made_once_readable_by_its_owner_only(tmp_path: Path) -> None:
-    from tools.fleet.config import console_token
+def test_the_fleets_credentials_are_made_once_readable_by_their_owner_only(
+    tmp_path: Path,
+) -> None:
+    from pgfleet.service.credentials import Role, load
+    from tools.fleet.config import made_credentials
 
     state = tmp_path / "fleet"
-    token = console_token(state)
-    assert len(token) >= 32
-    assert (state / "api-token").stat().st_mode & 0o777 == 0o600
-    assert console_token(state) == token  # kept across runs: logins survive restarts
+    producer, entries = made_credentials(state)
+    creds = load(entries=entries)  # strong enough for pgfleet api
+    assert creds.authenticate(producer).role is Role.PRODUCER  # type: ignore[union-attr]
+    operator = (state / "operator-token").read_text().strip()
+    assert creds.authenticate(operator).role is Role.OPERATOR  # type: ignore[union-attr]
+    for name in ("producer-token", "operator-token"):
+        assert (state / name).stat().st_mode & 0o777 == 0o600
+    # Kept across runs: logins survive restarts.
+    assert made_credentials(state) == (producer, entries)
 
 
 def test_the_banner_says_where_the_console_is_and_how_to_sign_in(tmp_path: Path) -> None:
@@ -156,7 +164,7 @@ def test_the_banner_says_where_the_console_is_and_how_to_sign_in(tmp_path: Path)
     fleet = NativeFleet(dataclasses.replace(base, api_token="t0k"), out=io.StringIO())
     fleet.token_file = True
     banner = fleet.banner()
-    assert "console     http://127.0.0.1:8000/ui/" in banner and "api-token" in banner
+    assert "console     http://127.0.0.1:8000/ui/" in banner and "operator-token" in banner
     assert "Authorization: Bearer $(cat " in banner and "t0k" not in banner
     off = NativeFleet(dataclasses.replace(base, ui=False), out=io.StringIO()).banner()
     assert "console" not in off

@@ -30,6 +30,19 @@ async def test_runnable_backlog_counts_only_due_queued_jobs_up_to_a_bound(
         await queue.runnable_backlog(at_most=-1)
 
 
+async def test_a_horizon_counts_the_jobs_due_within_it(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.enqueue("a")
+    await queue.enqueue("a", options=EnqueueOptions(delay=60))
+    await queue.enqueue("b", options=EnqueueOptions(delay=7200))
+    assert await queue.runnable_backlog() == 1
+    assert await queue.runnable_backlog(horizon=600) == 2
+    assert await queue.runnable_backlog(horizon=86400) == 3
+    assert await queue.runnable_backlog_by_name(["a", "b"], horizon=600) == {"a": 2, "b": 0}
+    with pytest.raises(InvalidOptions, match="horizon"):
+        await queue.runnable_backlog(horizon=-1)
+
+
 async def test_runnable_backlog_by_name_reports_every_name_asked(pool: asyncpg.Pool) -> None:
     queue = Queue(pool)
     await queue.enqueue_many([EnqueueRequest("a")] * 4 + [EnqueueRequest("b")])

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import asyncpg
@@ -261,6 +261,24 @@ async def test_a_worker_embedded_in_a_web_app_serves_its_metrics(
 
 
 # ---------------------------------------------------------------- the rule
+
+
+async def test_a_new_endpoint_gets_the_access_it_declares() -> None:
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from pgfleet.service.access import AccessConfig
+    from pgfleet.service.api import ApiConfig
+    from pgfleet.service.credentials import load, new_token
+
+    snippet = import_file(SNIPPETS / "declare_access.py")
+    producer, viewer = new_token(), new_token()
+    access = AccessConfig(load(entries=f"p:producer:{producer},v:viewer:{viewer}"))
+    api = snippet.MyJobsApi(cast(Any, None), ApiConfig(access=access))
+    async with TestClient(TestServer(api.application())) as client:
+        for token, status in ((None, 401), (producer, 403), (viewer, 200)):
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            async with client.get("/limits", headers=headers) as resp:
+                assert resp.status == status, token
 
 
 def test_every_python_example_in_the_docs_is_a_tested_snippet() -> None:

@@ -11,7 +11,16 @@ import pgfleet
 from pgfleet.db import migrate as migrate_module
 from pgfleet.errors import MigrationError, SchemaNotReady
 
-EXPECTED_TABLES = {"jobs", "workers", "leader", "leases", "crons", "schema_migrations"}
+EXPECTED_TABLES = {
+    "jobs",
+    "workers",
+    "leader",
+    "leases",
+    "crons",
+    "schema_migrations",
+    "revoked_credentials",
+    "console_sessions",
+}
 EXPECTED_INDEXES = {
     "jobs_pkey",
     "jobs_runnable",

@@ -59,3 +59,21 @@ async def test_an_expired_lease_moves_to_a_live_process(pool: asyncpg.Pool) -> N
     assert live.holding
     await gone.refresh()
     assert not gone.holding
+
+
+async def test_job_names_past_the_budget_share_one_series(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    for name in ("z_known", "b", "c", "d", "e"):
+        await queue.enqueue(name, {})
+    await queue.enqueue("e", {})
+    stats = QueueStats(pool, known_names={"z_known"}, lease=60, max_names=2)
+    await stats.refresh()
+    metrics = exported(stats)
+    queued = {k: v for k, v in metrics.items() if k.startswith("pgfleet_jobs_queued{")}
+    # The application's own name always; then two others by name; the rest summed.
+    assert queued == {
+        'pgfleet_jobs_queued{kind="z_known"}': 1,
+        'pgfleet_jobs_queued{kind="b"}': 1,
+        'pgfleet_jobs_queued{kind="c"}': 1,
+        'pgfleet_jobs_queued{kind="_other"}': 3,
+    }

@@ -214,7 +214,7 @@ def test_api_service_selects_the_api_pods_on_its_http_port() -> None:
     assert [p["targetPort"] for p in service["spec"]["ports"]] == ["http"]
 
 
-SECRET_ENV = {"PGFLEET_DATABASE_URL": "database-url", "PGFLEET_API_TOKEN": "api-token"}
+SECRET_ENV = {"PGFLEET_DATABASE_URL": "database-url"}
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -234,9 +234,25 @@ def test_credentials_come_from_secrets_only(target: str) -> None:
                     ref = env["valueFrom"]["secretKeyRef"]
                     assert ref == {"name": "pgfleet", "key": SECRET_ENV[name]}
     for auth in (o for o in objects if o["kind"] == "TriggerAuthentication"):
+        # KEDA reads with a read-only role of its own (keda-role.sql), never the
+        # workers' read-write URL.
         assert auth["spec"]["secretTargetRef"] == [
-            {"parameter": "connection", "name": "pgfleet", "key": "database-url"}
+            {"parameter": "connection", "name": "pgfleet-keda", "key": "database-url"}
         ]
+
+
+def test_the_api_reads_named_credentials_from_a_mounted_secret() -> None:
+    api = find(render("base"), "Deployment", "pgfleet-api")
+    pod = api["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = env_of(container)
+    assert "PGFLEET_API_TOKEN" not in env, "one token for producers and operators"
+    path = env["PGFLEET_API_CREDENTIALS_FILE"]["value"]
+    mount = next(m for m in container["volumeMounts"] if path.startswith(m["mountPath"] + "/"))
+    assert mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "pgfleet"
+    assert volume["secret"]["items"] == [{"key": "api-credentials", "path": "api-credentials"}]
 
 
 # ------------------------------------------------------------------ monitoring
@@ -287,7 +303,7 @@ def test_network_policy_opens_metrics_to_monitoring_and_api_to_producers() -> No
     monitoring = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}
     }
-    assert worker["spec"]["policyTypes"] == ["Ingress"]
+    assert worker["spec"]["policyTypes"] == ["Ingress", "Egress"]
     assert worker["spec"]["ingress"] == [
         {"from": [monitoring], "ports": [{"port": "metrics", "protocol": "TCP"}]}
     ]
@@ -297,3 +313,14 @@ def test_network_policy_opens_metrics_to_monitoring_and_api_to_producers() -> No
     assert monitoring not in http_rule["from"]
     for policy, name in ((worker, "pgfleet-worker"), (api, "pgfleet-api")):
         assert policy["spec"]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": name}}
+
+
+def test_network_policies_let_pgfleet_pods_reach_dns_and_postgresql_only() -> None:
+    objects = render("base")
+    for name in ("pgfleet-worker", "pgfleet-api"):
+        policy = find(objects, "NetworkPolicy", name)
+        assert "Egress" in policy["spec"]["policyTypes"], name
+        ports = sorted(
+            (p["port"], p["protocol"]) for rule in policy["spec"]["egress"] for p in rule["ports"]
+        )
+        assert ports == [(53, "TCP"), (53, "UDP"), (5432, "TCP")], name

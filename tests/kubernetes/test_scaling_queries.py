@@ -22,7 +22,7 @@ import pytest
 from pgfleet import EnqueueOptions, Queue
 from pgfleet.db.types import Connection
 from tests.helpers import put_in_state
-from tests.kubernetes.support import find, render, trigger
+from tests.kubernetes.support import ROOT, find, render, trigger
 
 #: Partial indexes of pgfleet.jobs that hold no finished job (0001_init.sql).
 LIVE_INDEXES = {"jobs_runnable", "jobs_running_worker", "jobs_queue_running", "jobs_queue_head"}
@@ -106,6 +106,44 @@ async def test_trigger_queries_return_the_known_backlog(pool: asyncpg.Pool) -> N
         )
         assert age == expected and 60 <= age < 120
         assert (await run(conn, q["running-and-due"]))[1] == 10
+
+
+ROLE_SQL = ROOT / "deploy" / "kubernetes" / "overlays" / "keda-postgres" / "keda-role.sql"
+
+
+async def test_the_triggers_run_as_the_read_only_keda_role(pool: asyncpg.Pool) -> None:
+    """keda-role.sql's role answers both queries and can change nothing. Roles are the
+    server's, not the database's: this one has a name of its own and is dropped."""
+    role = f"pgfleet_keda_t{uuid.uuid4().hex[:10]}"
+    script = ROLE_SQL.read_text().replace("pgfleet_keda", role)
+    running, due, _ = await seed_backlog(pool)
+    q = queries()
+    async with pool.acquire() as conn:
+        try:
+            await conn.execute(script)
+            async with conn.transaction():
+                await conn.execute(f"SET LOCAL ROLE {role}")
+                assert (await conn.fetchval(q["running-and-due"])) == running + due
+                assert (await conn.fetchval(q["oldest-due-age"])) > 0
+            for statement in (
+                "UPDATE pgfleet.jobs SET priority = 1",
+                "DELETE FROM pgfleet.jobs",
+                "SELECT count(*) FROM pgfleet.workers",
+                "SELECT count(*) FROM pgfleet.console_sessions",
+            ):
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL ROLE {role}")
+                    with pytest.raises(asyncpg.InsufficientPrivilegeError):
+                        await conn.execute(statement)
+            settings = await conn.fetchval(
+                "SELECT setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole "
+                "WHERE r.rolname = $1",
+                role,
+            )
+            assert "default_transaction_read_only=on" in settings
+        finally:
+            await conn.execute(f"DROP OWNED BY {role}")
+            await conn.execute(f"DROP ROLE IF EXISTS {role}")
 
 
 def for_kinds(query: str, kinds: list[str]) -> str:

@@ -1,4 +1,4 @@
-"""The console's pure parts: escaping, sessions and CSRF tokens, schedules read back
+"""The console's pure parts: escaping, the login form's CSRF token, schedules read back
 from their stored definitions, which filters read a bounded window."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pgfleet import CronJob, DailySchedule, JobStatus, MonthlySchedule
 from pgfleet.cron.describe import next_occurrences, parse_definition
 from pgfleet.cron.occurrences import next_occurrence
 from pgfleet.service.console.app import _safe_next
-from pgfleet.service.console.auth import Sessions
+from pgfleet.service.console.auth import login_csrf_ok, login_nonce
 from pgfleet.service.console.data import JobFilter, id_floor
 from pgfleet.service.console.html import Markup, el, escape, join
 
@@ -28,34 +28,11 @@ def test_text_and_attributes_are_escaped_and_markup_is_kept() -> None:
     assert el("input", {"value": "x"}) == '<input value="x">'
 
 
-def test_a_session_is_accepted_until_it_expires_and_never_when_tampered() -> None:
-    sessions = Sessions("the-token", lifetime=60)
-    cookie = sessions.issue(now=1000)
-    sid = sessions.session_id(cookie, now=1059)
-    assert sid is not None
-    assert sessions.session_id(cookie, now=1061) is None
-    expires, nonce, mac = cookie.split(".")
-    assert sessions.session_id(f"{int(expires) + 999}.{nonce}.{mac}", now=1000) is None
-    assert sessions.session_id(f"{expires}.other.{mac}", now=1000) is None
-    assert sessions.session_id("garbage", now=1000) is None
-    assert sessions.session_id(None) is None
-    # Another token (or a rotated one) signs nothing of this one.
-    assert Sessions("other-token", 60).session_id(cookie, now=1000) is None
-
-
-def test_csrf_tokens_are_bound_to_their_session_and_the_login_form_to_its_nonce() -> None:
-    sessions = Sessions("the-token", lifetime=60)
-    a = sessions.session_id(sessions.issue())
-    b = sessions.session_id(sessions.issue())
-    assert a and b and a != b
-    assert sessions.csrf_ok(a, sessions.csrf(a))
-    assert not sessions.csrf_ok(a, sessions.csrf(b))
-    assert not sessions.csrf_ok(a, None) and not sessions.csrf_ok(a, "")
-    nonce = sessions.login_nonce()
-    assert sessions.login_csrf_ok(nonce, sessions.login_csrf(nonce))
-    assert not sessions.login_csrf_ok(None, sessions.login_csrf(nonce))
-    assert not sessions.login_csrf_ok(sessions.login_nonce(), sessions.login_csrf(nonce))
-    assert sessions.token_matches(" the-token ") and not sessions.token_matches("the-toke")
+def test_the_login_form_token_must_equal_its_cookie() -> None:
+    nonce = login_nonce()
+    assert login_csrf_ok(nonce, nonce)
+    assert not login_csrf_ok(None, nonce) and not login_csrf_ok(nonce, None)
+    assert not login_csrf_ok(login_nonce(), nonce)
 
 
 @pytest.mark.parametrize(

@@ -16,9 +16,11 @@ from pgfleet.cli import build_parser
 from pgfleet.db.deadlines import AppPool
 from pgfleet.jobs import JobKeyMode, JobStatus
 from pgfleet.service import api_cmd
+from pgfleet.service.access import AccessConfig, Gate
 from pgfleet.service.api import ApiConfig, JobsApi
 from pgfleet.service.api_schema import JOB_FIELDS, LIST_PARAMS, OPTION_FIELDS, Limits
 from pgfleet.service.console import flags as console_flags
+from pgfleet.service.credentials import load, new_token
 from pgfleet.service.openapi import openapi_document
 
 #: Served by `pgfleet api` but not part of the JSON API: the operator console's HTML
@@ -34,7 +36,7 @@ def _served_routes() -> set[tuple[str, str]]:
     # No database is reached: the application is only inspected.
     jobs_api = JobsApi(api_cmd.make_queue(cast(AppPool, None), args, config), config)
     app = jobs_api.application()
-    console = console_flags.build(args, config.auth_token, None)
+    console = console_flags.build(args, Gate(config.access), config.redactor, None)
     assert console is not None, "the console is on by default"
     console.routes(app)
     routes = set()
@@ -120,10 +122,28 @@ def test_the_name_pattern_is_the_librarys() -> None:
 
 
 def test_the_served_document_reflects_the_apis_configuration() -> None:
-    config = ApiConfig(max_batch=3, auth_token="t", known_names=frozenset({"a"}))
+    access = AccessConfig(load(entries=f"ci:producer:{new_token()}"))
+    config = ApiConfig(max_batch=3, access=access, known_names=frozenset({"a"}))
     api = JobsApi(cast(Any, None), config)
     doc = api._openapi
-    assert doc == openapi_document(config.limits, bearer_auth=True)
+    assert doc == openapi_document(config.limits, bearer_auth=True, access=api.declared_access())
     assert doc["components"]["schemas"]["EnqueueBatch"]["properties"]["jobs"]["maxItems"] == 3
     open_api = JobsApi(cast(Any, None), ApiConfig())
     assert "security" not in open_api._openapi
+
+
+def test_each_operation_names_the_access_and_roles_its_handler_declares() -> None:
+    api = JobsApi(cast(Any, None), ApiConfig())
+    ops = {op["operationId"]: op for item in api._openapi["paths"].values() for op in item.values()}
+    assert {k: v["x-pgfleet-roles"] for k, v in ops.items() if v["tags"] == ["jobs"]} == {
+        "enqueue": ["operator", "producer"],
+        "getJob": ["operator", "producer", "viewer"],
+        "listJobs": ["operator", "viewer"],
+        "cancelJob": ["operator"],
+        "retryJob": ["operator"],
+    }
+    assert ops["healthz"]["x-pgfleet-access"] == "public"
+    assert api._openapi["x-pgfleet-roles"]["producer"] == ["enqueue", "read_job"]
+    for op in ops.values():
+        if op["tags"] == ["jobs"]:
+            assert {"401", "403", "421", "429"} <= set(op["responses"]), op["operationId"]

@@ -15,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from tools.fleet.config import ROOT, RULES, FleetConfig, Ports, console_token
+from tools.fleet.config import ROOT, RULES, FleetConfig, Ports, made_credentials
 from tools.fleet.native import FleetError, NativeFleet
 
 #: Signals this soon after the first are the same request (`timeout`, or a whole
@@ -95,8 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_false",
         default=_env("PGFLEET_API_UI", "1").strip().lower() not in ("0", "false", "no", "off"),
         help="do not serve the operator console at the API's /ui [PGFLEET_API_UI=0] "
-        "(default: served; without PGFLEET_API_TOKEN a token is made and kept in "
-        "STATE_DIR/api-token)",
+        "(default: served; without PGFLEET_API_TOKEN a producer and an operator "
+        "credential are made and kept in STATE_DIR/producer-token and operator-token)",
     )
     parser.add_argument(
         "--state-dir",
@@ -130,13 +130,14 @@ def config_from(args: argparse.Namespace) -> FleetConfig:
 
 
 async def run(config: FleetConfig) -> int:
-    made_token = config.ui and config.api_token is None
-    if made_token:
-        # The console signs in with the API's token: make one (the API then needs it
-        # too; the producer sends it).
-        config = dataclasses.replace(config, api_token=console_token(config.state_dir))
+    made = config.ui and config.api_token is None
+    if made:
+        # Operators sign in to the console with a credential of their own, which the
+        # producer, a producer credential, does not have.
+        producer, credentials = made_credentials(config.state_dir)
+        config = dataclasses.replace(config, api_token=producer, api_credentials=credentials)
     fleet = NativeFleet(config)
-    fleet.token_file = made_token
+    fleet.token_file = made
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     first_at = 0.0

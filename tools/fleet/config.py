@@ -61,9 +61,13 @@ class FleetConfig:
     alert_rules: Path = RULES / "alerts.yml"
     #: Jobs per second the demo producer posts to the API (0: no producer).
     rate: float = 20.0
-    #: Bearer token of the API (also what the producer sends); None: no auth.
+    #: The producer's bearer token; None: no auth. Alone (no api_credentials), it is
+    #: the one-token setup: the API's only credential, an operator (PGFLEET_API_TOKEN).
     api_token: str | None = None
-    #: Serve the operator console at /ui of the API (it signs in with api_token).
+    #: The API's credentials (PGFLEET_API_CREDENTIALS); the fleet makes a producer
+    #: and an operator when no token is given.
+    api_credentials: str | None = None
+    #: Serve the operator console at /ui of the API (operators sign in to it).
     ui: bool = True
     #: Extra flags for ``pgfleet worker`` (e.g. ``("--concurrency", "8")``).
     worker_args: tuple[str, ...] = ()
@@ -159,20 +163,31 @@ def write_prometheus_config(config: FleetConfig) -> Path:
     return path
 
 
-def console_token(state_dir: Path) -> str:
-    """The fleet's API token when none is given: made once, kept in
-    ``state_dir/api-token`` (readable by this user only) so console logins survive
-    restarts of the fleet."""
+PRODUCER_TOKEN = "producer-token"
+OPERATOR_TOKEN = "operator-token"
+
+
+def made_token(state_dir: Path, name: str) -> str:
+    """A credential's secret the fleet made: made once, kept in ``state_dir/name``
+    (readable by this user only) so console logins and producers survive restarts."""
     import secrets
 
-    path = state_dir / "api-token"
+    path = state_dir / name
     if path.exists():
         token = path.read_text(encoding="utf-8").strip()
         if token:
             return token
     state_dir.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(24)
+    token = "pgf_" + secrets.token_urlsafe(32)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
         out.write(token + "\n")
     return token
+
+
+def made_credentials(state_dir: Path) -> tuple[str, str]:
+    """(the producer's token, PGFLEET_API_CREDENTIALS) of a fleet started without a
+    token: a producer (the demo producer) and an operator (the console)."""
+    producer = made_token(state_dir, PRODUCER_TOKEN)
+    operator = made_token(state_dir, OPERATOR_TOKEN)
+    return producer, f"producer:producer:{producer},operator:operator:{operator}"

@@ -90,7 +90,7 @@ class NativeFleet:
         self._workers_lock = asyncio.Lock()
         self._started = False
         self._stopped = False
-        #: True when the token came from state_dir/api-token (the runner made it).
+        #: True when the credentials came from state_dir (the runner made them).
         self.token_file = False
 
     # --- where things are ------------------------------------------------------------
@@ -243,7 +243,10 @@ class NativeFleet:
         )  # fmt: skip
         if not self.config.ui:
             argv.append("--no-ui")
-        env = self._env(PGFLEET_API_TOKEN=self.config.api_token)
+        if self.config.api_credentials:
+            env = self._env(PGFLEET_API_CREDENTIALS=self.config.api_credentials)
+        else:  # the one-token setup (PGFLEET_API_TOKEN), or no auth
+            env = self._env(PGFLEET_API_TOKEN=self.config.api_token)
         self.api = Child("api", argv, self.config.logs / "api.log", env)
         await self.api.start(self._exited)
         await self._wait_ready(self.api, f"{self.api_url}/readyz")
@@ -375,10 +378,13 @@ class NativeFleet:
             f"  API metrics {self.api_metrics_url}",
         ]
         if self.config.ui and self.config.api_token:
-            where = f": {self._show(self.config.state_dir)}/api-token" if self.token_file else ""
-            lines.append(f"  console     {self.api_url}/ui/   (log in with the API token{where})")
+            if self.token_file:
+                where = f"the operator token: {self._show(self.config.state_dir)}/operator-token"
+            else:
+                where = "PGFLEET_API_TOKEN"
+            lines.append(f"  console     {self.api_url}/ui/   (log in with {where})")
         elif self.config.ui:
-            lines.append("  console     off: it signs in with the API token (PGFLEET_API_TOKEN)")
+            lines.append("  console     off: operators sign in with a credential (none given)")
         if self.prometheus_url:
             lines.append(
                 f"  prometheus  {self.prometheus_url}  (alerts: {self.prometheus_url}/alerts; "
@@ -409,7 +415,8 @@ class NativeFleet:
         if not self.config.api_token:
             return ""
         if self.token_file:
-            token = f"$(cat {self._show(self.config.state_dir)}/api-token)"
+            # Listing jobs is an operator's (or viewer's) right, not the producer's.
+            token = f"$(cat {self._show(self.config.state_dir)}/operator-token)"
         else:
             token = "$PGFLEET_API_TOKEN"
         return f' -H "Authorization: Bearer {token}"'

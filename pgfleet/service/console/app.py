@@ -1,9 +1,13 @@
 """The operator console: server-rendered pages under /ui of ``pgfleet api``.
 
-Signing in takes the API's own token (a login form that sets an HttpOnly,
-SameSite=Strict session cookie). Every change is a POST that must carry the
-session's CSRF token and, when the browser says where it comes from, an Origin of
-this host. Pages are sent with a strict Content-Security-Policy (scripts and styles
+Signing in takes a credential of the viewer or operator role (a login form that
+sets an HttpOnly, SameSite=Strict session cookie, Secure behind TLS); a session is
+a row every replica reads, so logging out or revoking the credential ends it at
+once (auth.py). Each page and action declares the access it needs
+(``@requires``): viewers see, operators act. Every change is a POST that must
+carry the session's CSRF token and, when the browser says where it comes from,
+an Origin of this host; every change is audited with the credential's name.
+Pages are sent with a strict Content-Security-Policy (scripts and styles
 from /ui/static only, no inline script) and are never cached. The console has its
 own small pool, which plans every statement with its actual parameters (no
 statement cache).
@@ -11,14 +15,14 @@ statement cache).
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 from uuid import UUID
 
@@ -36,8 +40,10 @@ from pgfleet.errors import (
     SchemaNotReady,
     ValidationError,
 )
-from pgfleet.jobs import JobStatus, validate_name
+from pgfleet.jobs import Job, JobStatus, validate_name
 from pgfleet.queue import Queue, create_pool
+from pgfleet.service.access import AccessDenied, Gate, audit
+from pgfleet.service.api import CREDENTIAL
 from pgfleet.service.console import pages
 from pgfleet.service.console.auth import (
     COOKIE_PATH,
@@ -46,11 +52,17 @@ from pgfleet.service.console.auth import (
     LOGIN_CSRF_FIELD,
     LOGIN_LIFETIME,
     SESSION_COOKIE,
+    Session,
     Sessions,
+    login_csrf_ok,
+    login_nonce,
 )
 from pgfleet.service.console.data import ConsoleData, JobFilter
 from pgfleet.service.console.html import Markup
 from pgfleet.service.console.pages import BASE, Frame
+from pgfleet.service.credentials import ANONYMOUS, Access, access_of, requires
+from pgfleet.service.guard import Peer
+from pgfleet.service.redaction import Redactor
 
 log = logging.getLogger("pgfleet")
 
@@ -71,8 +83,6 @@ STATIC_TYPES = {
     "favicon.svg": "image/svg+xml",
 }
 PAGE_SIZE = 50
-#: Seconds a failed login waits before answering: guessing tokens stays slow.
-LOGIN_FAILURE_DELAY = 0.5
 
 Handler = Callable[[web.Request, "Visit"], Awaitable[web.StreamResponse]]
 
@@ -81,24 +91,29 @@ Handler = Callable[[web.Request, "Visit"], Awaitable[web.StreamResponse]]
 class ConsoleConfig:
     """``pgfleet api`` console flags."""
 
-    #: The API's bearer token; the console refuses every page without one.
-    token: str | None
-    #: Show payloads (behind a click). False: never rendered.
+    #: Show payloads (behind a click) to the operator role. False: never rendered.
     payloads: bool = True
     #: Seconds between automatic refreshes of the overview (0: none).
     refresh: int = 5
-    #: Seconds a login lasts.
-    session_lifetime: float = 12 * 3600
     #: Connections of the console's own pool.
     pool_size: int = 4
+    #: What payloads and errors show.
+    redactor: Redactor = dataclasses.field(default_factory=Redactor)
 
 
 @dataclass(frozen=True, slots=True)
 class Visit:
-    """A signed-in request: its session id and CSRF token."""
+    """A console request: who made it, and their session (None before login)."""
 
-    session: str
-    csrf: str
+    peer: Peer
+    session: Session | None = None
+
+    @property
+    def csrf(self) -> str:
+        return self.session.csrf if self.session else ""
+
+    def can(self, access: Access) -> bool:
+        return self.session is not None and self.session.credential.role.allows(access)
 
 
 class Refused(Exception):
@@ -114,12 +129,13 @@ class Refused(Exception):
 class Console:
     """Adds the console's routes to an aiohttp application."""
 
-    def __init__(self, config: ConsoleConfig, *, metrics_holder: UUID | None = None) -> None:
+    def __init__(
+        self, config: ConsoleConfig, gate: Gate, *, metrics_holder: UUID | None = None
+    ) -> None:
         self.config = config
+        self.gate = gate
         self.metrics_holder = metrics_holder
-        self.sessions = (
-            None if config.token is None else Sessions(config.token, config.session_lifetime)
-        )
+        self.sessions: Sessions | None = None
         self.data: ConsoleData | None = None
         self._static = {
             name: resources.files("pgfleet.service.console").joinpath("static", name).read_bytes()
@@ -145,6 +161,13 @@ class Console:
             )
             db = BoundedPool(pool, database_timeout)
             self.data = ConsoleData(db, Queue(db))
+            access = self.gate.config
+            self.sessions = Sessions(
+                db,
+                self.gate.credentials,
+                lifetime=access.session_lifetime,
+                idle=access.session_idle,
+            )
 
         async def close_pool(_app: web.Application) -> None:
             if self.data is not None:
@@ -157,11 +180,13 @@ class Console:
         self.routes(app)
 
     def routes(self, app: web.Application) -> None:
+        """Each handler declares its access with ``@requires``; ``_page`` and
+        ``_action`` carry it to the route (pages are GETs, actions POSTs with CSRF)."""
         r = app.router
         r.add_get(BASE, self._redirect_home)
         r.add_get(f"{BASE}/static/{{name}}", self.static)
-        r.add_get(f"{BASE}/login", self._page(self.login_form, public=True))
-        r.add_post(f"{BASE}/login", self._page(self.login, public=True))
+        r.add_get(f"{BASE}/login", self._page(self.login_form))
+        r.add_post(f"{BASE}/login", self._page(self.login))
         r.add_post(f"{BASE}/logout", self._action(self.logout))
         r.add_get(f"{BASE}/", self._page(self.overview))
         r.add_get(f"{BASE}/jobs", self._page(self.jobs))
@@ -178,58 +203,62 @@ class Console:
 
     # ------------------------------------------------------------ plumbing
 
-    def _page(self, handler: Handler, *, public: bool = False) -> Any:
+    def _page(self, handler: Handler) -> Any:
+        access = access_of(handler)
+
+        @requires(access)
         async def wrapped(request: web.Request) -> web.StreamResponse:
-            return await self._serve(request, handler, public=public, action=False)
+            return await self._serve(request, handler, access, action=False)
 
         return wrapped
 
     def _action(self, handler: Handler) -> Any:
+        access = access_of(handler)
+
+        @requires(access)
         async def wrapped(request: web.Request) -> web.StreamResponse:
-            return await self._serve(request, handler, public=False, action=True)
+            return await self._serve(request, handler, access, action=True)
 
         return wrapped
 
     async def _serve(
-        self, request: web.Request, handler: Handler, *, public: bool, action: bool
+        self, request: web.Request, handler: Handler, access: Access, *, action: bool
     ) -> web.StreamResponse:
         started = time.perf_counter()
-        visit: Visit | None = None
+        visit = Visit(self._peer(request))
         response: web.StreamResponse
         try:
-            if self.sessions is None:
+            if not self.gate.auth:
                 raise Refused(
                     403,
                     "Console unavailable",
-                    "The console signs in with the API's token, and this API has none: "
-                    "start pgfleet api with PGFLEET_API_TOKEN (or --auth-token).",
+                    "The console signs in with a viewer or operator credential, and this API "
+                    "has none: start pgfleet api with PGFLEET_API_CREDENTIALS (or "
+                    "PGFLEET_API_TOKEN).",
                 )
             if request.method == "POST":
-                self._check_origin(request)
-            session = self.sessions.session_id(request.cookies.get(SESSION_COOKIE))
-            if session is not None:
-                visit = Visit(session, self.sessions.csrf(session))
-            elif not public:
-                if action:
-                    raise Refused(
-                        403, "Not signed in", "Sign in first: this request had no valid session."
-                    )
-                response = _redirect(pages.url(f"{BASE}/login", next=request.path_qs))
-                return self._finish(response, started)
+                self._check_origin(request, visit.peer)
+            if access is not Access.PUBLIC:
+                visit = await self._signed_in(request, visit, access, action=action)
             if action:
-                assert visit is not None
                 form = await request.post()
-                if not self.sessions.csrf_ok(visit.session, _field(form, CSRF_FIELD)):
+                assert visit.session is not None
+                if not visit.session.csrf_ok(_field(form, CSRF_FIELD)):
                     raise Refused(
                         403,
                         "Refused",
                         "Missing or invalid CSRF token: reload the page and try again.",
                     )
-            response = await handler(request, visit or Visit("", ""))
-        except Refused as exc:
+            response = await handler(request, visit)
+        except _Redirect as exc:
+            response = exc.response
+        except AccessDenied as exc:
             response = self._html(
-                pages.message_page(exc.title, exc.text, visit.csrf if visit else None), exc.status
+                pages.message_page("Refused", exc.message, _csrf(visit)), exc.status
             )
+            response.headers.update(exc.headers)
+        except Refused as exc:
+            response = self._html(pages.message_page(exc.title, exc.text, _csrf(visit)), exc.status)
         except JobNotFound as exc:
             response = self._html(pages.message_page("Not found", str(exc), _csrf(visit)), 404)
         except (InvalidJobState, DuplicateJobKey) as exc:
@@ -254,6 +283,41 @@ class Console:
             response = self._html(pages.message_page("Error", "internal error", _csrf(visit)), 500)
         return self._finish(response, started)
 
+    async def _signed_in(
+        self, request: web.Request, visit: Visit, access: Access, *, action: bool
+    ) -> Visit:
+        """The visit with its session, or a redirect to the login form (a page) or
+        a refusal (an action, or a role that does not allow ``access``)."""
+        cookie = request.cookies.get(SESSION_COOKIE)
+        session = await self._sessions.find(cookie)
+        if session is None:
+            if cookie:
+                # Ended (logged out, expired, idle, revoked): 401 and the login form.
+                response = self._login_response(
+                    request, "Your session has ended: sign in again.", 401, request.path_qs
+                )
+                response.del_cookie(SESSION_COOKIE, path=COOKIE_PATH)
+                raise _Redirect(response)
+            if action:
+                raise Refused(
+                    403, "Not signed in", "Sign in first: this request had no valid session."
+                )
+            raise _Redirect(_redirect(pages.url(f"{BASE}/login", next=request.path_qs)))
+        visit = Visit(visit.peer, session)
+        # The API's access log names who made the request.
+        request[CREDENTIAL] = session.credential
+        self.gate.authorize(session.credential, access, visit.peer, request.path)
+        return visit
+
+    @property
+    def _sessions(self) -> Sessions:
+        if self.sessions is None:
+            raise DatabaseUnavailable("the console's pool is not open")
+        return self.sessions
+
+    def _peer(self, request: web.Request) -> Peer:
+        return self.gate.peer(request.remote, request.scheme, request.host, request.headers)
+
     def _finish(self, response: web.StreamResponse, started: float) -> web.StreamResponse:
         elapsed = (time.perf_counter() - started) * 1000
         response.headers.update(SECURITY_HEADERS)
@@ -261,18 +325,38 @@ class Console:
         response.headers["Server-Timing"] = f"render;dur={elapsed:.1f}"
         return response
 
-    def _check_origin(self, request: web.Request) -> None:
+    def _check_origin(self, request: web.Request, peer: Peer) -> None:
         origin = request.headers.get("Origin")
         if origin is None:
             return
-        if origin == "null" or urlsplit(origin).netloc != request.host:
+        if origin == "null" or urlsplit(origin).netloc != (peer.host or request.host):
             raise Refused(403, "Refused", "This request came from another site.")
 
     def _html(self, body: Markup, status: int = 200) -> web.Response:
         return web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
 
     def _frame(self, visit: Visit, title: str, section: str, **kw: Any) -> Frame:
-        return Frame(visit.csrf or None, title, section, **kw)
+        session = visit.session
+        who = None
+        if session is not None:
+            who = f"{session.credential.name} ({session.credential.role.value})"
+            kw.setdefault("notice", session.notice)
+        return Frame(
+            visit.csrf or None, title, section, who=who, can_act=visit.can(Access.OPERATE), **kw
+        )
+
+    def _cookie(
+        self, response: web.Response, request: web.Request, name: str, value: str, max_age: int
+    ) -> None:
+        response.set_cookie(
+            name,
+            value,
+            max_age=max_age,
+            path=COOKIE_PATH,
+            httponly=True,
+            samesite="Strict",
+            secure=request.secure or self.gate.config.secure_cookies,
+        )
 
     @property
     def _data(self) -> ConsoleData:
@@ -280,9 +364,11 @@ class Console:
             raise DatabaseUnavailable("the console's pool is not open")
         return self.data
 
+    @requires(Access.PUBLIC)
     async def _redirect_home(self, _request: web.Request) -> web.StreamResponse:
         return _redirect(f"{BASE}/")
 
+    @requires(Access.PUBLIC)
     async def static(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]
         if name not in self._static:
@@ -295,58 +381,61 @@ class Console:
 
     # ------------------------------------------------------------ login
 
+    @requires(Access.PUBLIC)
     async def login_form(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         return self._login_response(request, None, 200)
 
-    def _login_response(self, request: web.Request, error: str | None, status: int) -> web.Response:
-        assert self.sessions is not None
-        nonce = self.sessions.login_nonce()
-        next_path = _safe_next(request.query.get("next"))
-        response = self._html(
-            pages.login_page(self.sessions.login_csrf(nonce), next_path, error), status
-        )
-        _set_cookie(response, request, LOGIN_COOKIE, nonce, LOGIN_LIFETIME)
+    def _login_response(
+        self, request: web.Request, error: str | None, status: int, next_path: str | None = None
+    ) -> web.Response:
+        nonce = login_nonce()
+        next_path = _safe_next(next_path or request.query.get("next"))
+        response = self._html(pages.login_page(nonce, next_path, error), status)
+        self._cookie(response, request, LOGIN_COOKIE, nonce, LOGIN_LIFETIME)
         return response
 
+    @requires(Access.PUBLIC)
     async def login(self, request: web.Request, visit: Visit) -> web.StreamResponse:
-        assert self.sessions is not None
+        self.gate.throttle(visit.peer)
         form = await request.post()
-        if not self.sessions.login_csrf_ok(
-            request.cookies.get(LOGIN_COOKIE), _field(form, LOGIN_CSRF_FIELD)
-        ):
+        if not login_csrf_ok(request.cookies.get(LOGIN_COOKIE), _field(form, LOGIN_CSRF_FIELD)):
             raise Refused(
                 403, "Refused", "The login form expired or came from elsewhere: reload it."
             )
-        if not self.sessions.token_matches(_field(form, "token") or ""):
-            await asyncio.sleep(LOGIN_FAILURE_DELAY)
-            log.warning("console: failed login from %s", request.remote)
+        credential = await self.gate.identify(
+            (_field(form, "token") or "").strip(), visit.peer, "console login"
+        )
+        if credential is None:
             return self._login_response(request, "Wrong token.", 401)
+        if not credential.role.allows(Access.OBSERVE):
+            self.gate.authorize(credential, Access.OBSERVE, visit.peer, "console login")
+        cookie = await self._sessions.open(credential)
+        audit(credential, visit.peer, "console login")
         response = _redirect(_safe_next(_field(form, "next")))
-        _set_cookie(
-            response,
-            request,
-            SESSION_COOKIE,
-            self.sessions.issue(),
-            int(self.config.session_lifetime),
+        self._cookie(
+            response, request, SESSION_COOKIE, cookie, int(self.gate.config.session_lifetime)
         )
         response.del_cookie(LOGIN_COOKIE, path=COOKIE_PATH)
         return response
 
+    @requires(Access.OBSERVE)
     async def logout(self, request: web.Request, visit: Visit) -> web.StreamResponse:
+        assert visit.session is not None
+        await self._sessions.close(visit.session)
+        audit(visit.session.credential, visit.peer, "console logout")
         response = _redirect(f"{BASE}/login")
         response.del_cookie(SESSION_COOKIE, path=COOKIE_PATH)
         return response
 
     # ------------------------------------------------------------ pages
 
+    @requires(Access.OBSERVE)
     async def overview(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         data = await self._data.overview()
-        notice = _bulk_notice(request)
-        frame = self._frame(
-            visit, "Overview", "overview", refresh=self.config.refresh, notice=notice
-        )
+        frame = self._frame(visit, "Overview", "overview", refresh=self.config.refresh)
         return self._html(pages.overview_page(frame, data, self.metrics_holder))
 
+    @requires(Access.OBSERVE)
     async def jobs(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         q = request.query
         f = JobFilter(
@@ -358,9 +447,11 @@ class Console:
         )
         before = _uuid(q.get("before"), "before") if q.get("before") else None
         page = await self._data.jobs(f, before, PAGE_SIZE)
+        page = dataclasses.replace(page, rows=cast(Any, [self._redacted_row(r) for r in page.rows]))
         now = await self._data.now()
         return self._html(pages.jobs_page(self._frame(visit, "Jobs", "jobs"), f, page, before, now))
 
+    @requires(Access.OBSERVE)
     async def job(
         self, request: web.Request, visit: Visit, *, show: bool = False
     ) -> web.StreamResponse:
@@ -368,18 +459,36 @@ class Console:
         job = await self._data.queue.get(job_id)
         if job is None:
             raise JobNotFound(job_id)
+        may_see = self.config.payloads and visit.can(Access.PAYLOADS)
         if show and not self.config.payloads:
             raise Refused(403, "Payload hidden", "Payload display is turned off on this console.")
+        if show and not may_see:
+            raise Refused(403, "Payload hidden", "Payloads are shown to the operator role only.")
         now = await self._data.now()
         done = pages.DONE_MESSAGES.get(request.query.get("done", ""))
         live = job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
-        frame = self._frame(visit, f"Job {job.name}", "jobs", notice=done, refresh=3 if live else 0)
-        page = pages.job_page(frame, job, now, payloads=self.config.payloads, show_payload=show)
+        frame = self._frame(visit, f"Job {job.name}", "jobs", refresh=3 if live else 0)
+        if done:
+            frame = dataclasses.replace(frame, notice=done)
+        page = pages.job_page(
+            frame,
+            self._redacted(job, with_payload=show),
+            now,
+            payloads=may_see,
+            show_payload=show,
+            hidden_note=(
+                "Payload display is turned off on this console."
+                if not self.config.payloads
+                else "Payloads are shown to the operator role only."
+            ),
+        )
         return self._html(page)
 
+    @requires(Access.PAYLOADS)
     async def job_payload(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         return await self.job(request, visit, show=True)
 
+    @requires(Access.OPERATE)
     async def job_action(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         job_id = request.match_info["id"]
         action = request.path.rsplit("/", 1)[1]
@@ -403,9 +512,10 @@ class Console:
                 raise Refused(400, "Bad request", "Give a delay or a time, not both.")
             job = await queue.reschedule(job_id, run_at=at, delay=delay)
             done = "rescheduled"
-        log.info("console: %s job %s (%s)", action, job.id, job.name)
+        self._audit(visit, "%s job %s (%s)", action, job.id, job.name)
         return _redirect(pages.url(f"{BASE}/jobs/{job.id}", done=done))
 
+    @requires(Access.OPERATE)
     async def bulk_confirm(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         action, name = _bulk_args(request.query.get("action"), _job_name(request.query))
         count = await self._data.dead_count(name)
@@ -413,6 +523,7 @@ class Console:
         frame = self._frame(visit, f"{verb} dead {name} jobs", "jobs")
         return self._html(pages.bulk_page(frame, action, name, count))
 
+    @requires(Access.OPERATE)
     async def bulk(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         form = await request.post()
         action, name = _bulk_args(
@@ -422,55 +533,52 @@ class Console:
             done, skipped = await self._data.retry_dead(name)
         else:
             done, skipped = await self._data.cancel_dead(name), 0
-        log.info(
-            "console: bulk %s of dead %s jobs: %d done, %d skipped", action, name, done, skipped
+        self._audit(
+            visit, "bulk %s of dead %s jobs: %d done, %d skipped", action, name, done, skipped
         )
-        return _redirect(
-            pages.url(
-                f"{BASE}/",
-                bulk=action,
-                name=name,
-                n=done,
-                skipped=skipped,
-                expected=_field(form, "expected"),
-            )
-        )
+        verb = "Retried" if action == "retry" else "Cancelled"
+        text = f"{verb} {done} dead {name} job(s)"
+        expected = _int(_field(form, "expected"))
+        if expected:
+            text += f" ({expected} when confirmed)"
+        if skipped:
+            text += f"; {skipped} skipped: another job holds their key"
+        # The outcome travels in the session, never in the URL: a link cannot make
+        # this page say something the server did not do.
+        await self._notice(visit, text + ".")
+        return _redirect(f"{BASE}/")
 
+    @requires(Access.OBSERVE)
     async def workers(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         workers = await self._data.queue.workers()
         now = await self._data.now()
-        notice = None
-        if request.query.get("unlocked"):
-            notice = (
-                f"Worker force-unlocked: {_int(request.query.get('requeued'))} job(s) requeued, "
-                f"{_int(request.query.get('failed'))} failed."
-            )
-        frame = self._frame(visit, "Workers", "workers", refresh=self.config.refresh, notice=notice)
+        frame = self._frame(visit, "Workers", "workers", refresh=self.config.refresh)
         return self._html(pages.workers_page(frame, workers, now))
 
+    @requires(Access.OPERATE)
     async def unlock_confirm(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         worker_id = _uuid(request.match_info["id"], "worker id")
         worker = next((w for w in await self._data.queue.workers() if w.id == worker_id), None)
         if worker is None:
             raise Refused(404, "Not found", f"No registered worker {worker_id}.")
-        jobs = await self._data.worker_jobs(worker_id)
+        jobs = [self._redacted_row(r) for r in await self._data.worker_jobs(worker_id)]
         now = await self._data.now()
         frame = self._frame(visit, f"Force-unlock {worker.hostname}:{worker.pid}", "workers")
         return self._html(pages.unlock_page(frame, worker, jobs, now))
 
+    @requires(Access.OPERATE)
     async def unlock(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         worker_id = _uuid(request.match_info["id"], "worker id")
         result = await self._data.queue.force_unlock_worker(worker_id)
-        log.info("console: force-unlocked worker %s: %s", worker_id, result)
-        return _redirect(
-            pages.url(
-                f"{BASE}/workers",
-                unlocked=1,
-                requeued=result.get("requeued", 0),
-                failed=result.get("failed", 0),
-            )
+        self._audit(visit, "force-unlocked worker %s: %s", worker_id, result)
+        await self._notice(
+            visit,
+            f"Worker force-unlocked: {int(result.get('requeued', 0))} job(s) requeued, "
+            f"{int(result.get('failed', 0))} failed.",
         )
+        return _redirect(f"{BASE}/workers")
 
+    @requires(Access.OBSERVE)
     async def crons(self, request: web.Request, visit: Visit) -> web.StreamResponse:
         now, rows = await self._data.crons()
         views = []
@@ -487,6 +595,38 @@ class Console:
         frame = self._frame(visit, "Cron schedules", "crons")
         return self._html(pages.crons_page(frame, views, now))
 
+    # ------------------------------------------------------------ helpers
+
+    def _audit(self, visit: Visit, action: str, *args: object) -> None:
+        who = visit.session.credential if visit.session else ANONYMOUS
+        audit(who, visit.peer, "console: " + action, *args)
+
+    async def _notice(self, visit: Visit, text: str) -> None:
+        if visit.session is not None:
+            await self._sessions.notice(visit.session, text)
+
+    def _redacted(self, job: Job, *, with_payload: bool) -> Job:
+        redactor = self.config.redactor
+        return dataclasses.replace(
+            job,
+            payload=redactor.payload(job.name, job.payload) if with_payload else None,
+            last_error=redactor.error(job.name, job.last_error),
+        )
+
+    def _redacted_row(self, row: Any) -> dict[str, Any]:
+        out = dict(row)
+        if "last_error" in out:
+            out["last_error"] = self.config.redactor.error(str(out.get("name")), out["last_error"])
+        return out
+
+
+class _Redirect(Exception):
+    """Answer with this instead: the login form, or a redirect to it."""
+
+    def __init__(self, response: web.Response) -> None:
+        super().__init__(response.headers.get("Location", ""))
+        self.response = response
+
 
 # ---------------------------------------------------------------- helpers
 
@@ -497,20 +637,6 @@ def _csrf(visit: Visit | None) -> str | None:
 
 def _redirect(location: str) -> web.Response:
     return web.Response(status=303, headers={"Location": location})
-
-
-def _set_cookie(
-    response: web.Response, request: web.Request, name: str, value: str, max_age: int
-) -> None:
-    response.set_cookie(
-        name,
-        value,
-        max_age=max_age,
-        path=COOKIE_PATH,
-        httponly=True,
-        samesite="Strict",
-        secure=request.secure,
-    )
 
 
 def _field(form: Any, name: str) -> str | None:
@@ -588,18 +714,3 @@ def _bulk_args(action: str | None, name: str | None) -> tuple[str, str]:
         raise Refused(400, "Bad request", "job name is missing")
     validate_name(name, "job name")
     return action, name
-
-
-def _bulk_notice(request: web.Request) -> str | None:
-    q = request.query
-    action = q.get("bulk")
-    name = _job_name(q)
-    if action not in ("retry", "cancel") or not name:
-        return None
-    verb = "Retried" if action == "retry" else "Cancelled"
-    text = f"{verb} {_int(q.get('n'))} dead {name} job(s)"
-    if q.get("expected"):
-        text += f" ({_int(q.get('expected'))} when confirmed)"
-    if _int(q.get("skipped")):
-        text += f"; {_int(q.get('skipped'))} skipped: another job holds their key"
-    return text + "."

@@ -47,6 +47,10 @@ class Frame:
     refresh: int = 0
     notice: str | None = None
     error: str | None = None
+    #: Who is signed in: "name (role)".
+    who: str | None = None
+    #: False for a read-only role: no action buttons or links.
+    can_act: bool = True
 
 
 # ---------------------------------------------------------------- formatting
@@ -140,6 +144,8 @@ def layout(frame: Frame, *content: Child) -> Markup:
         for key, href, label in _NAV
     ]
     if frame.csrf is not None:
+        if frame.who:
+            nav.append(el("span", {"class": "who"}, frame.who))
         nav.append(post_form(f"{BASE}/logout", frame.csrf, "Log out"))
     body_attrs = {"data-refresh": frame.refresh or None}
     return join(
@@ -186,7 +192,7 @@ def login_page(login_csrf: str, next_path: str, error: str | None) -> Markup:
         el(
             "form",
             {"method": "post", "action": f"{BASE}/login", "class": "login"},
-            el("label", {"for": "token"}, "API token"),
+            el("label", {"for": "token"}, "Credential"),
             el(
                 "input",
                 {
@@ -202,7 +208,12 @@ def login_page(login_csrf: str, next_path: str, error: str | None) -> Markup:
             el("input", {"type": "hidden", "name": "next", "value": next_path}),
             el("button", {"type": "submit"}, "Log in"),
         ),
-        el("p", {"class": "hint"}, "The token of this API (PGFLEET_API_TOKEN)."),
+        el(
+            "p",
+            {"class": "hint"},
+            "The secret of a viewer or operator credential of this API "
+            "(PGFLEET_API_CREDENTIALS, or PGFLEET_API_TOKEN in a one-token setup).",
+        ),
     )
 
 
@@ -230,7 +241,7 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
                     "cancel dead",
                 ),
             )
-            if r.dead
+            if r.dead and frame.can_act
             else "",
         )
         for r in data.names
@@ -435,7 +446,13 @@ def filter_form(f: JobFilter) -> Markup:
 
 
 def job_page(
-    frame: Frame, job: Job, now: datetime, *, payloads: bool, show_payload: bool
+    frame: Frame,
+    job: Job,
+    now: datetime,
+    *,
+    payloads: bool,
+    show_payload: bool,
+    hidden_note: str = "Payload display is turned off on this console.",
 ) -> Markup:
     fields: list[tuple[str, Child]] = [
         ("Id", el("code", None, str(job.id))),
@@ -472,9 +489,7 @@ def job_page(
         else el("p", None, "None."),
     )
     if not payloads:
-        payload: Child = el(
-            "p", {"class": "hint"}, "Payload display is turned off on this console."
-        )
+        payload: Child = el("p", {"class": "hint"}, hidden_note)
     elif show_payload:
         payload = el(
             "pre",
@@ -492,7 +507,7 @@ def job_page(
     return layout(
         frame,
         details,
-        job_actions(frame.csrf or "", job),
+        job_actions(frame.csrf or "", job) if frame.can_act else "",
         error,
         el("section", None, el("h2", None, "Payload"), payload),
     )
@@ -604,7 +619,9 @@ def workers_page(frame: Frame, workers: list[WorkerInfo], now: datetime) -> Mark
                 when(w.expires_at, now),
                 when(w.started_at, now),
                 w.version,
-                el("a", {"href": f"{BASE}/workers/{w.id}/unlock"}, "force-unlock…"),
+                el("a", {"href": f"{BASE}/workers/{w.id}/unlock"}, "force-unlock…")
+                if frame.can_act
+                else "",
             )
         )
     return layout(
