@@ -8,14 +8,15 @@ import psycopg
 from flask import Blueprint, abort, request
 
 from flask_shop.db import connection
+
+# --8<-- [start:producer]
 from pgfleet import EnqueueOptions
 from pgfleet.contrib.psycopg import Producer
 
-bp = Blueprint("orders", __name__)
-
-# --8<-- [start:producer]
 producer = Producer()  # one per application; thread-safe
+
 # --8<-- [end:producer]
+bp = Blueprint("orders", __name__)
 
 
 @bp.post("/orders")

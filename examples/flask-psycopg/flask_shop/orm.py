@@ -9,10 +9,13 @@ from sqlalchemy import Engine, ForeignKey, make_url, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+# --8<-- [start:producer]
 from pgfleet.contrib.sqlalchemy import Producer
 
+producer = Producer()  # one per application; thread-safe
+
+# --8<-- [end:producer]
 bp = Blueprint("orm", __name__)
-producer = Producer()
 
 
 class Base(DeclarativeBase):
