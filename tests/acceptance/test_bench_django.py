@@ -67,4 +67,5 @@ async def test_producers_bench_runs_every_producer(database: str, tmp_path: Path
         "psycopg AsyncProducer",
         "psycopg Producer (sync)",
         "bare psycopg insert",
+        "bare psycopg async insert",
     }

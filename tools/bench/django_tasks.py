@@ -13,7 +13,8 @@ task. In each round, for each backend (their order alternates between rounds):
 - **drain**: ``--processes`` worker processes (``manage.py pgfleet_worker``,
   ``manage.py db_worker``) started on those ``--n`` queued tasks: tasks/s from the
   first task's start to the last one's finish, by the timestamps each backend
-  records (worker start-up excluded).
+  records (worker start-up excluded). The table is analysed before the workers
+  start, as autovacuum would have done by then.
 - **pickup latency**: one idle worker; ``--latency-samples`` tasks enqueued one at
   a time, 20-80 ms apart (random, so no sample rides a poll's phase); the task
   measures the wall time from just before its ``enqueue()`` to its start: median
@@ -227,6 +228,10 @@ def main() -> None:
         for backend in order:
             empty(found)
             enqueue = measure_enqueue(backend, args.n)
+            # What autovacuum's analyze would have done by now on a server that runs
+            # it (this project's test server does not): without it, django-tasks-db's
+            # claim plans against an empty table's statistics and drains 3-4x slower.
+            sql("ANALYZE {}", backend)
             drain = measure_drain(backend, args.n, args.processes)
             empty(found)
             latency = measure_latency(backend, args.latency_samples)
@@ -258,11 +263,24 @@ def report(runs: dict[str, dict[str, list[float]]], args: argparse.Namespace) ->
     }
     print(f"\nmedians of {args.rounds} interleaved rounds, n={args.n}, "
           f"{args.processes} worker process(es) draining")  # fmt: skip
-    print(f"{'metric':18s} {'pgfleet':>12s} {'django-tasks-db':>16s} {'ratio':>8s}")
+    # The ratio is the median of each round's ratio (the two backends ran back to
+    # back in a round): a burst of noise on the machine moves both of its sides.
+    ratios = {
+        metric: statistics.median(
+            ours / theirs
+            for ours, theirs in zip(
+                runs["pgfleet"][metric], runs["django-tasks-db"][metric], strict=True
+            )
+        )
+        for metric in units
+    }
+    print(f"{'metric':22s} {'pgfleet':>10s} {'django-tasks-db':>16s} {'ratio':>8s}")
     for metric, (unit, fmt) in units.items():
         ours, theirs = medians["pgfleet"][metric], medians["django-tasks-db"][metric]
-        ratio = ours / theirs if theirs else float("nan")
-        print(f"{metric + ' (' + unit + ')':18s} {fmt(ours):>12s} {fmt(theirs):>16s} {ratio:8.2f}")
+        print(
+            f"{metric + ' (' + unit + ')':22s} {fmt(ours):>10s} {fmt(theirs):>16s} "
+            f"{ratios[metric]:8.3f}"
+        )
     if args.json:
         out = {
             "n": args.n,
@@ -271,6 +289,7 @@ def report(runs: dict[str, dict[str, list[float]]], args: argparse.Namespace) ->
             "db_interval": args.db_interval,
             "latency_samples": args.latency_samples,
             "median": medians,
+            "ratio pgfleet / django-tasks-db (median of rounds)": ratios,
             "runs": runs,
         }
         Path(args.json).write_text(json.dumps(out, indent=2))
