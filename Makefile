@@ -13,7 +13,7 @@ CONSOLE_BENCH_ARGS ?=
 
 API_FUZZ_ARGS ?=
 
-.PHONY: help venv test test-fast lint format docs docs-build docs-generate dist release-check bench bench-peers fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
+.PHONY: help venv test test-fast lint format docs docs-build docs-generate dist release-check bench bench-peers bench-producers bench-django fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -77,6 +77,14 @@ bench-peers: venv ## pgfleet vs pgqueuer (pinned) vs raw SQL, interleaved (BENCH
 	$(PY) -m pip install --quiet 'pgqueuer==1.6.0'
 	mkdir -p bench-results
 	$(PY) -m tools.bench.peers --dsn '$(BENCH_DSN)' --json bench-results/peers.json $(BENCH_ARGS)
+
+bench-producers: venv ## single-enqueue throughput: Queue, the psycopg producers, a bare insert (BENCH_DSN=a database of your own)
+	mkdir -p bench-results
+	$(PY) -m tools.bench.producers --dsn '$(BENCH_DSN)' --json bench-results/producers.json $(BENCH_ARGS)
+
+bench-django: venv ## 10,000 Django tasks: pgfleet's backend vs django-tasks-db (BENCH_DSN=a database of your own: its task tables are emptied)
+	mkdir -p bench-results
+	$(PY) -m tools.bench.django_tasks --dsn '$(BENCH_DSN)' --json bench-results/django-tasks.json $(BENCH_ARGS)
 
 fleet: $(VENV)/.fleet-installed ## run the fleet without Docker until Ctrl-C (FLEET_ARGS='--processes 5 --rate 50')
 	$(PY) -m tools.fleet $(FLEET_ARGS)

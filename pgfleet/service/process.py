@@ -168,10 +168,25 @@ class Stopper:
 # ---------------------------------------------------------------- exit
 
 
+def stuck_job_threads(settle: float = 1.0) -> list[threading.Thread]:
+    """The sync-handler threads still alive after up to ``settle`` seconds. The pool
+    is shut down without waiting, so its idle threads are still exiting when the
+    worker returns: they are gone within that time, and only a thread running a
+    handler is left."""
+    deadline = time.monotonic() + settle
+    stuck = []
+    for thread in threading.enumerate():
+        if thread.name.startswith("pgfleet-job"):
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                stuck.append(thread)
+    return stuck
+
+
 def exit_despite_stuck_threads(code: int) -> None:
     """Exit now when sync handlers still run in threads (they cannot be stopped, and
     the interpreter would wait for them); otherwise return."""
-    stuck = [t for t in threading.enumerate() if t.name.startswith("pgfleet-job") and t.is_alive()]
+    stuck = stuck_job_threads()
     if stuck:
         log.warning(
             "%d sync handlers are still running in threads; exiting without them "

@@ -200,6 +200,13 @@ async def test_typed_payloads(database: str) -> None:
     assert "refused:" in output and "succeeded: 2" in output
 
 
+async def test_sqlalchemy_async_enqueues_in_the_session_transaction(database: str) -> None:
+    output = python("sqlalchemy_async.py", SNIPPETS, database)
+    assert "committed: send_welcome is queued" in output
+    assert "rolled back: None" in output
+    assert await statuses(database) == {"send_welcome": ["queued"]}, "only the committed job"
+
+
 async def test_tracing_gives_a_span_per_job(database: str) -> None:
     output = python("tracing.py", SNIPPETS, database)
     assert '"name": "pgfleet.job send_email"' in output
@@ -283,13 +290,30 @@ async def test_a_new_endpoint_gets_the_access_it_declares() -> None:
 
 def test_every_python_example_in_the_docs_is_a_tested_snippet() -> None:
     """A ```python block written inline in a page is not run by anything: pages
-    include their examples from docs/snippets/ instead."""
+    include their examples from docs/snippets/ (run here) or examples/ (run by
+    tests/acceptance/test_examples.py and the Django tests) instead."""
     inline = []
     for page in DOCS.rglob("*.md"):
         for block in re.findall(r"```python[^\n]*\n(.*?)```", page.read_text(), re.S):
             if not block.strip().startswith("--8<--"):
                 inline.append(f"{page.relative_to(ROOT)}: {block.strip().splitlines()[0]}")
     assert not inline, "inline Python examples (move them to docs/snippets/):\n" + "\n".join(inline)
+
+
+def test_every_example_a_page_includes_is_a_tested_example_app() -> None:
+    """Pages may include files of examples/: only of an app a test runs."""
+    tested = {
+        "django": ROOT / "tests" / "acceptance" / "test_django_project.py",
+        "fastapi-asyncpg": ROOT / "tests" / "acceptance" / "test_examples.py",
+        "flask-psycopg": ROOT / "tests" / "acceptance" / "test_examples.py",
+    }
+    pages = "\n".join(p.read_text() for p in DOCS.rglob("*.md"))
+    included = re.findall(r"^(?:--8<-- \")?examples/([^/\"]+)/([^:\"\n]+)", pages, re.M)
+    assert included, "the pages show the example apps"
+    for app, path in included:
+        assert app in tested, f"a page includes examples/{app}/{path}, which no test runs"
+        assert (ROOT / "examples" / app / path).is_file(), f"examples/{app}/{path} is gone"
+        assert f'"{app}"' in tested[app].read_text(), f"{tested[app].name} no longer runs {app}"
 
 
 def test_every_snippet_is_shown_by_a_page_and_tested_here() -> None:

@@ -3,7 +3,9 @@
 ``python -m tools.bench.producers --dsn postgresql://.../mydb [--rounds 3] [--n 3000]
 [--only queue]``: one producer, one connection, one job per commit (autocommit), for
 ``Queue.enqueue`` (on ``pgfleet.create_pool`` and on a held connection), the psycopg
-producers (sync and async) and a bare psycopg insert of the same row. The table is
+producers (sync and async) and a bare psycopg insert of the same row (sync and async:
+what the driver costs before pgfleet adds anything). Each rate is also given as the
+median of its per-round ratio to the bare sync insert. The table is
 emptied before each measurement. ``--only queue`` measures Queue alone (what an
 older checkout has, for an A/B run with ``PYTHONPATH``). Run under
 ``flock /tmp/pgfleet-bench.lock`` on a database of your own.
@@ -79,6 +81,17 @@ def _bare_psycopg(dsn: str, n: int) -> float:
         return n / (time.perf_counter() - start)
 
 
+async def _bare_psycopg_async(dsn: str, n: int) -> float:
+    import psycopg
+
+    conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    async with conn, psycopg.AsyncRawCursor(conn) as cur:
+        start = time.perf_counter()
+        for i in range(n):
+            await cur.execute(BARE_INSERT, (uuid.uuid4(), "bench", json.dumps({"n": i})))
+        return n / (time.perf_counter() - start)
+
+
 async def _empty(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
@@ -107,16 +120,29 @@ async def main() -> None:
         runs["psycopg AsyncProducer"] = lambda: _psycopg_async(args.dsn, args.n)
         runs["psycopg Producer (sync)"] = lambda: asyncio.to_thread(_psycopg_sync, args.dsn, args.n)
         runs["bare psycopg insert"] = lambda: asyncio.to_thread(_bare_psycopg, args.dsn, args.n)
+        runs["bare psycopg async insert"] = lambda: _bare_psycopg_async(args.dsn, args.n)
     found: dict[str, list[float]] = {key: [] for key in runs}
     for _ in range(args.rounds):
         for key, run in runs.items():
             await _empty(args.dsn)
             found[key].append(await run())
     out: dict[str, Any] = {}
+    # Each round's rate over the same round's reference (bare insert, else the pool's
+    # Queue.enqueue): a burst of noise moves both sides of a ratio.
+    reference = "bare psycopg insert" if "bare psycopg insert" in found else "Queue.enqueue (pool)"
     for key, values in found.items():
         median = statistics.median(values)
-        out[key] = {"median": round(median), "runs": [round(v) for v in values]}
-        print(f"{key:34s} {median:8.0f} jobs/s   runs {[round(v) for v in values]}")
+        ratios = [v / r for v, r in zip(values, found[reference], strict=True)]
+        ratio = statistics.median(ratios)
+        out[key] = {
+            "median": round(median),
+            "runs": [round(v) for v in values],
+            f"ratio to {reference}": round(ratio, 2),
+        }
+        print(
+            f"{key:34s} {median:8.0f} jobs/s  x{ratio:4.2f} of {reference}  "
+            f"runs {[round(v) for v in values]}"
+        )
     if args.json:
         await asyncio.to_thread(Path(args.json).write_text, json.dumps(out, indent=2))
 

@@ -13,11 +13,13 @@ USE_TZ = True
 ROOT_URLCONF = "shop.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
+# --8<-- [start:apps]
 INSTALLED_APPS = [
     "django_tasks",  # the tasks framework's backport (Django 5.2); drop it on Django 6
     "pgfleet.contrib.django",
     "orders",
 ]
+# --8<-- [end:apps]
 
 DATABASES = {
     "default": {
@@ -30,10 +32,12 @@ DATABASES = {
     }
 }
 
+# --8<-- [start:tasks]
 TASKS = {
     "default": {
         "BACKEND": "pgfleet.contrib.django.TaskBackend",
-        "QUEUES": ["default", "emails"],
-        "OPTIONS": {"MAX_ATTEMPTS": int(os.environ.get("SHOP_TASK_ATTEMPTS", "3"))},
+        "QUEUES": ["default", "emails"],  # optional: the queues a worker serves
+        "OPTIONS": {"MAX_ATTEMPTS": int(os.environ.get("SHOP_TASK_ATTEMPTS", "3"))},  # optional
     }
 }
+# --8<-- [end:tasks]
