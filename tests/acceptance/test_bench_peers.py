@@ -43,6 +43,8 @@ async def test_peer_comparison_runs_and_reports_the_criteria(
         "200",
         "--single-drain-total",
         "20",
+        "--pgqueuer-drain-total",
+        "200",
         "--latency-seconds",
         "0.5",
         "--json",

@@ -31,7 +31,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -185,6 +185,7 @@ class Started:
     """A child that said ``ready``; :meth:`run` is the measured part."""
 
     proc: asyncio.subprocess.Process
+    report: dict[str, Any] = field(default_factory=dict)
 
     async def run(self) -> tuple[int, float]:
         """Say ``go``, wait for the report: (jobs done, child CPU seconds)."""
@@ -197,19 +198,24 @@ class Started:
             report = json.loads(line)
         except ValueError:
             raise RuntimeError(f"graphile-worker child reported {line!r}") from None
+        self.report = report
         return int(report["done"]), float(report["cpu_s"])
 
 
 @contextlib.asynccontextmanager
 async def child(
-    install: Install, dsn: str, *args: str, max_pool: int = DEFAULT_MAX_POOL
+    install: Install,
+    dsn: str,
+    *args: str,
+    max_pool: int = DEFAULT_MAX_POOL,
+    env: dict[str, str] | None = None,
 ) -> AsyncIterator[Started]:
     """One bench.mjs process, ready; closed (and reaped) on leaving."""
     proc = await asyncio.create_subprocess_exec(
         *guarded(install.argv(*args)),
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
-        env=_env(dsn, max_pool),
+        env={**_env(dsn, max_pool), **(env or {})},
     )
     try:
         assert proc.stdout is not None

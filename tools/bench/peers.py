@@ -28,7 +28,8 @@ Phases (``--phases``): ``enqueue-single``, ``enqueue-batch``, ``drain-c1``,
   at concurrency 1, 16, 64; pgqueuer ``QueueManager.run(mode=drain)`` with
   ``concurrency_limit=1`` (c1), its library defaults and ``batch_size=8,
   max_concurrent_tasks=16`` (c16: the faster counts), ``batch_size=32,
-  max_concurrent_tasks=64`` (c64); graphile-worker ``runOnce`` with
+  max_concurrent_tasks=64`` (c64), on ``--pgqueuer-drain-total`` jobs (20,000:
+  its dequeue slows down as the queue deepens; 3,000 at c1); graphile-worker ``runOnce`` with
   ``concurrentJobs`` 1, 16, 64 in its default mode and in its batched mode
   (``localQueue.size`` 500, ``completeJobBatchDelay``/``failJobBatchDelay`` 0), a pool
   of max(10, concurrency + 2) connections capped at ``--graphile-max-pool`` (its
@@ -435,9 +436,19 @@ PGQUEUER_DRAIN = {
 }
 
 
-async def drain_round(
-    bench: Bench, total: int, single_total: int, graphile_default_total: int, flip: bool = False
-) -> None:
+@dataclass(frozen=True)
+class DrainCounts:
+    """Jobs queued before each drain: every contender drains ``total`` but the slow
+    settings, which a deep queue would keep running for many minutes."""
+
+    total: int
+    pgqueuer_c1: int
+    pgqueuer: int
+    graphile_default: int
+
+
+async def drain_round(bench: Bench, counts: DrainCounts, flip: bool = False) -> None:
+    total = counts.total
     pool = await create_pool(bench.dsn, min_size=4, max_size=8)
     try:
         if bench.on("raw") and any(p.startswith("drain-") for p in bench.phases):
@@ -468,7 +479,10 @@ async def drain_round(
 
                 todo.append(fleet)
             if bench.on("pgqueuer"):
-                n = single_total if concurrency == 1 else total
+                # Its dequeue slows down as the queue deepens (about 250 jobs/s at 16
+                # slots on 200,000 queued jobs, against thousands on 20,000): it
+                # drains --pgqueuer-drain-total, and fewer at one slot.
+                n = counts.pgqueuer_c1 if concurrency == 1 else counts.pgqueuer
                 for i, settings in enumerate(PGQUEUER_DRAIN[level]):
 
                     async def peer(
@@ -486,7 +500,7 @@ async def drain_round(
             for mode in bench.graphile_modes():
                 # Its default mode runs about a thousand jobs a second here: it
                 # drains fewer (--graphile-default-drain-total), as pgqueuer's c1.
-                n = graphile_default_total if mode == "default" else total
+                n = counts.graphile_default if mode == "default" else total
 
                 async def gw(
                     mode: str = mode, c: int = concurrency, level: str = level, n: int = n
@@ -884,6 +898,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         print(f"contenders {', '.join(contenders)}; phases {', '.join(args.phases)}", flush=True)
         print(f"versions {versions}; load average {os.getloadavg()}", flush=True)
         loads = [os.getloadavg()]
+        counts = DrainCounts(
+            args.drain_total,
+            args.single_drain_total,
+            args.pgqueuer_drain_total,
+            args.graphile_default_drain_total,
+        )
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", flush=True)
             # Who goes first alternates between repeats (checkpoints, neighbours).
@@ -891,13 +911,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             if any(p.startswith("enqueue") for p in args.phases):
                 await enqueue_round(bench, args.single, args.batch_total, flip)
             if any(p.startswith("drain") for p in args.phases):
-                await drain_round(
-                    bench,
-                    args.drain_total,
-                    args.single_drain_total,
-                    args.graphile_default_drain_total,
-                    flip,
-                )
+                await drain_round(bench, counts, flip)
             if "latency-plain" in args.phases:
                 await latency_round(bench, args.latency_seconds, stale=False, flip=flip)
             if "latency-stale" in args.phases:
@@ -920,6 +934,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "batch_total": args.batch_total,
                     "drain_total": args.drain_total,
                     "single_drain_total": args.single_drain_total,
+                    "pgqueuer_drain_total": args.pgqueuer_drain_total,
                     "graphile_default_drain_total": args.graphile_default_drain_total,
                 },
                 "checkpoint_before_each_run": bench.checkpoint,
@@ -966,6 +981,12 @@ def cli(argv: list[str] | None = None) -> None:
     )
     parser.add_argument(
         "--single-drain-total", type=int, default=3000, help="jobs of pgqueuer's c1 drain"
+    )
+    parser.add_argument(
+        "--pgqueuer-drain-total",
+        type=int,
+        default=20_000,
+        help="jobs of pgqueuer's c16 and c64 drains (it slows down on a deep queue)",
     )
     parser.add_argument(
         "--graphile-default-drain-total",

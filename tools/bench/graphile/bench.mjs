@@ -22,6 +22,19 @@ import pg from "pg";
 import { Logger, makeWorkerUtils, run, runMigrations, runOnce } from "graphile-worker";
 
 const DSN = process.env.PGFLEET_DATABASE_URL;
+
+// PGFLEET_GRAPHILE_COUNT_QUERIES=1 (tools/bench/profile_drain.py): count the
+// statements this process sends, by prepared-statement name or text, into the report.
+const counts = process.env.PGFLEET_GRAPHILE_COUNT_QUERIES === "1" ? {} : null;
+if (counts) {
+  const query = pg.Client.prototype.query;
+  pg.Client.prototype.query = function countedQuery(config, ...rest) {
+    const text = typeof config === "string" ? config : (config?.name ?? config?.text ?? "?");
+    const key = String(text).replace(/\s+/g, " ").trim().slice(0, 60);
+    counts[key] = (counts[key] ?? 0) + 1;
+    return query.call(this, config, ...rest);
+  };
+}
 if (!DSN) {
   console.error("PGFLEET_DATABASE_URL is not set");
   process.exit(2);
@@ -86,7 +99,11 @@ async function handshake() {
 }
 
 async function report(done, cpu0) {
-  process.stdout.write(`${JSON.stringify({ done, cpu_s: cpuSeconds() - cpu0 })}\n`);
+  const result = { done, cpu_s: cpuSeconds() - cpu0 };
+  if (counts) {
+    result.queries = counts;
+  }
+  process.stdout.write(`${JSON.stringify(result)}\n`);
   while ((await nextLine()) !== null) {
     // the parent closes stdin once it has read its meters
   }
