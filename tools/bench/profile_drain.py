@@ -201,28 +201,64 @@ def waldump(
     }
 
 
+_IDLE = ("epoll_wait", "wait4", "_do_waitpid", "select (selectors.py)")
+
+
 def summarize_py_spy(path: Path, top: int = 25) -> str:
-    """Own and inclusive shares of the busiest functions in py-spy's raw output."""
+    """Own and inclusive shares of the busiest functions in py-spy's raw output, and
+    own time by source file. Samples waiting in epoll or for a child (the event
+    loop idle, asyncio's child watcher thread: py-spy --native counts them as busy)
+    are set apart."""
     own: collections.Counter[str] = collections.Counter()
     inside: collections.Counter[str] = collections.Counter()
-    total = 0
+    files: collections.Counter[str] = collections.Counter()
+    total = idle = 0
     for line in path.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         if not stack or not count.isdigit():
             continue
         n = int(count)
+        if any(mark in stack for mark in _IDLE):
+            idle += n
+            continue
         total += n
-        frames = [_frame(f) for f in stack.split(";")]
+        raw = stack.split(";")
+        frames = [_frame(f) for f in raw]
         own[frames[-1]] += n
+        files[_source(raw)] += n
         for f in set(frames):
             inside[f] += n
     if not total:
-        return "py-spy recorded no samples"
-    lines = [f"py-spy: {total} samples of the drain (busy threads only)", "  own time:"]
+        return "py-spy recorded no busy samples"
+    lines = [
+        f"py-spy: {total} busy samples of the drain ({idle} more idle in epoll/wait4)",
+        "  own time:",
+    ]
     lines += [f"    {100 * n / total:5.1f}%  {f}" for f, n in own.most_common(top)]
-    lines.append("  time inside (inclusive):")
-    lines += [f"    {100 * n / total:5.1f}%  {f}" for f, n in inside.most_common(top)]
+    lines.append("  own time by source (the innermost Python file, or native library):")
+    lines += [f"    {100 * n / total:5.1f}%  {f}" for f, n in files.most_common(top)]
+    lines.append("  time inside (inclusive; frames under 90% of samples):")
+    lines += [
+        f"    {100 * n / total:5.1f}%  {f}"
+        for f, n in inside.most_common(top + 15)
+        if n < 0.9 * total
+    ][:top]
     return "\n".join(lines)
+
+
+def _source(frames: list[str]) -> str:
+    """Where the innermost Python frame of a stack lives (pgfleet/_runtime/x.py,
+    asyncio/x.py, asyncpg ...), native frames charged to it."""
+    for frame in reversed(frames):
+        m = re.match(r".* \((.*?\.pyx?)(?::\d+)?\)$", frame)
+        if m is None:
+            continue
+        path = m.group(1)
+        for anchor in ("pgfleet/", "asyncpg/", "asyncio/", "tools/"):
+            if anchor in path:
+                return anchor + path.split(anchor, 1)[1]
+        return Path(path).name
+    return _frame(frames[-1])
 
 
 def _frame(frame: str) -> str:
@@ -244,10 +280,9 @@ async def py_spy(output: Path | None) -> Any:
         "record",
         "--pid",
         str(os.getpid()),
-        "--native",
-        "--nonblocking",
-        "--rate",
-        "250",
+        "--native",  # asyncpg's Cython and the interpreter's C frames too (it pauses
+        "--rate",  # the process for each sample: 100 a second costs little)
+        "100",
         "--format",
         "raw",
         "--output",
