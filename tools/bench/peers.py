@@ -835,11 +835,18 @@ def _drain_table(runs: Runs) -> dict[str, dict[str, Any]]:
                 if client is not None and server is not None
                 else "n/a"
             )
+            jobs = runs.jobs.get(key)
+            cell["jobs"] = jobs
             wal_text = "n/a" if wal is None else f"{wal / 2**20:,.0f}"
+            if wal is not None and jobs:
+                wal_text += f" ({wal / jobs:,.0f} B/job)"
             name = "raw (c64 row: claim 1000 + complete, 2 conns)" if peer == "raw" else peer
             lines.append(f"| {level} | {name} | {runs.median(key):,.0f} | {cpu} | {wal_text} |")
     if lines:
-        print("\n| drain | contender | jobs/s | CPU ms/job (client + Postgres) | WAL MiB/run |")
+        print(
+            "\n| drain | contender | jobs/s | CPU ms/job (client + Postgres) "
+            "| WAL MiB/run (per job) |"
+        )
         print("|---|---|---|---|---|")
         print("\n".join(lines))
     return table
@@ -924,6 +931,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "runs": runs.values,
                 "cpu_runs": runs.cpu,
                 "wal_runs": runs.wal,
+                "run_jobs": runs.jobs,
                 "postgres": server,
                 "settings": settings,
                 "versions": versions,
@@ -953,10 +961,42 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             await drop_database(args.dsn, args.database)
 
 
+def runs_from_json(saved: dict[str, Any]) -> Runs:
+    """The measurements of a saved run (--json), to report them again."""
+    runs = Runs(
+        values={k: list(v) for k, v in saved["runs"].items()},
+        cpu={k: [(c[0], c[1]) for c in v] for k, v in saved.get("cpu_runs", {}).items()},
+        wal={k: list(v) for k, v in saved.get("wal_runs", {}).items()},
+        jobs=dict(saved.get("run_jobs", {})),
+    )
+    if not runs.jobs and "jobs" in saved:  # saved before run_jobs: from the counts
+        counts = saved["jobs"]
+        for key in runs.values:
+            if key.startswith("enqueue single"):
+                runs.jobs[key] = counts["single"]
+            elif key.startswith("enqueue batch"):
+                runs.jobs[key] = counts["batch_total"]
+            elif key.startswith("drain c1 pgqueuer"):
+                runs.jobs[key] = counts["single_drain_total"]
+            elif " pgqueuer" in key and key.startswith("drain"):
+                runs.jobs[key] = counts.get("pgqueuer_drain_total", counts["drain_total"])
+            elif key.endswith("graphile-default") and key.startswith("drain"):
+                runs.jobs[key] = counts.get("graphile_default_drain_total", counts["drain_total"])
+            elif key.startswith("drain"):
+                runs.jobs[key] = counts["drain_total"]
+    return runs
+
+
 def cli(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--child-pgqueuer-latency"]:
         asyncio.run(_pgqueuer_latency_child(os.environ[_CHILD_DSN]))
+        return
+    if argv[:1] == ["--report"] and len(argv) == 2:
+        # python -m tools.bench.peers --report bench-results/peers.json: the report
+        # of a saved run again (after a change of the report, say).
+        with open(argv[1], encoding="utf-8") as fh:
+            report(runs_from_json(json.load(fh)))
         return
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dsn", default=os.environ.get("PGFLEET_BENCH_DSN"), required=False)

@@ -18,14 +18,16 @@ drains them with one contender (``pgfleet``: the in-process ``Worker`` of
   database by resource manager, operation and relation, with full-page images,
   and the commit records of its transactions;
 - with ``--py-spy FILE``: py-spy (``pip install py-spy``) samples this process
-  during the drain alone (``--native``, raw collapsed stacks into FILE) and the
-  busiest functions are listed, by own time and by time inside them;
+  during the drain alone (raw collapsed stacks into FILE; ``--py-spy-native`` for
+  the C frames too) and the busiest functions are listed, by own time, by source
+  file and by time inside them;
 - with ``--explain``: EXPLAIN (ANALYZE, BUFFERS, WAL) of pgfleet's claim round,
   rolled back, on a representative round (``--explain-limit`` jobs claimed,
   as many outcomes written).
 
 A CHECKPOINT precedes the drain (as in bench-peers) so that full-page images are
-counted alike. Run it under ``flock /tmp/pgfleet-bench.lock`` like any benchmark.
+counted alike; as there, the queue is neither vacuumed nor analysed after its fill
+unless ``--vacuum`` says so. Run it under ``flock /tmp/pgfleet-bench.lock`` like any benchmark.
 """
 
 from __future__ import annotations
@@ -270,19 +272,23 @@ def _frame(frame: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def py_spy(output: Path | None) -> Any:
+async def py_spy(output: Path | None, native: bool = False) -> Any:
+    """py-spy sampling this process while the block runs. Python frames only, without
+    pausing the process (``--nonblocking``, 250 samples a second), or with
+    ``native`` the C frames too (asyncpg's Cython, the interpreter): py-spy must then
+    pause the process for each sample (100 a second), and its samples land in
+    system calls more often than the time spent there (getpid, send, recv)."""
     if output is None:
         yield
         return
     binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    mode = ["--native", "--rate", "100"] if native else ["--nonblocking", "--rate", "250"]
     proc = await asyncio.create_subprocess_exec(
         binary,
         "record",
         "--pid",
         str(os.getpid()),
-        "--native",  # asyncpg's Cython and the interpreter's C frames too (it pauses
-        "--rate",  # the process for each sample: 100 a second costs little)
-        "100",
+        *mode,
         "--format",
         "raw",
         "--output",
@@ -366,7 +372,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             else:
                 await pool.execute(graphile.ENSURE_TASK)
                 await pool.execute(graphile.FILL, args.jobs)
-            await admin.execute("VACUUM (ANALYZE) " + ".".join(table))
+            if args.vacuum:
+                await admin.execute("VACUUM (ANALYZE) " + ".".join(table))
             explain = await _explain_round(dsn, args.explain_limit) if args.explain else None
             db_oid = await admin.fetchval(DATABASE_OID)
             names = {r["node"]: r["name"] for r in await admin.fetch(FILENODES)}
@@ -379,7 +386,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             started = time.perf_counter()
             if install is None:
                 with rounds.installed():
-                    async with py_spy(args.py_spy):
+                    async with py_spy(args.py_spy, args.py_spy_native):
                         started = time.perf_counter()
                         await fb._drain_in_process(pool, args.concurrency)
             else:
@@ -490,6 +497,16 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--py-spy", type=Path, help="record the drain with py-spy into this file")
+    parser.add_argument(
+        "--py-spy-native",
+        action="store_true",
+        help="with the C frames (pauses the process per sample; system calls over-sampled)",
+    )
+    parser.add_argument(
+        "--vacuum",
+        action="store_true",
+        help="VACUUM (ANALYZE) the filled queue before the drain (bench-peers does not)",
+    )
     parser.add_argument("--explain", action="store_true", help="EXPLAIN a claim round first")
     parser.add_argument("--explain-limit", type=int, default=1024)
     parser.add_argument("--keep", action="store_true")
