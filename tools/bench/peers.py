@@ -11,7 +11,8 @@ goes first alternates between repeats. The report gives medians, ratios, CPU per
 job (client and Postgres) and the WAL each run wrote. A scratch database is
 created and dropped; a CHECKPOINT before each measurement (``--no-checkpoint``
 skips it) keeps the server's timed checkpoints out of the runs and makes every
-contender pay the same full-page images.
+contender pay the same full-page images, and each queue is analysed after its fill
+(``--no-analyze`` skips it), as autovacuum would have done.
 
 Contenders (``--contenders``, any of): ``pgfleet``, ``pgqueuer``, ``raw``,
 ``graphile-default``, ``graphile-batched`` (``graphile``: both; ``all``: every one).
@@ -97,6 +98,9 @@ STALE_FILL_PGQUEUER = (
     "SELECT 0, 'noop', NULL, 'queued' FROM generate_series(1, $1)"
 )
 RESET = "TRUNCATE bench_raw.jobs, pgfleet.jobs; DELETE FROM pgfleet.workers"
+ANALYZE_PGFLEET = "ANALYZE pgfleet.jobs"
+ANALYZE_PGQUEUER = "ANALYZE pgqueuer"
+ANALYZE_RAW = "ANALYZE bench_raw.jobs"
 RESET_PGQUEUER = "TRUNCATE pgqueuer, pgqueuer_log"
 
 
@@ -192,6 +196,7 @@ class Bench:
     contenders: list[str]
     phases: list[str]
     checkpoint: bool = True
+    analyze_fill: bool = True
     install: graphile.Install | None = None
     max_pool: int = graphile.DEFAULT_MAX_POOL
     runs: Runs = field(default_factory=Runs)
@@ -201,6 +206,14 @@ class Bench:
 
     def graphile_modes(self) -> list[str]:
         return [c.removeprefix("graphile-") for c in GRAPHILE if c in self.contenders]
+
+    async def analyze(self, pool: Any, statement: str) -> None:
+        """Statistics of a queue just filled, as autovacuum would have them after a
+        fill this size (it is off on some servers, this project's included): without
+        them a contender's first drain may plan for an empty table and its later
+        ones not (the stale-latency round analyses every queue)."""
+        if self.analyze_fill:
+            await pool.execute(statement)
 
     async def _checkpoint(self, conn: Any) -> None:
         if not self.checkpoint:
@@ -454,6 +467,7 @@ async def drain_round(bench: Bench, counts: DrainCounts, flip: bool = False) -> 
         if bench.on("raw") and any(p.startswith("drain-") for p in bench.phases):
             await _reset(bench, pool)
             await pool.execute(rawsql.RAW_FILL, total)
+            await bench.analyze(pool, ANALYZE_RAW)
 
             async def raw() -> None:
                 await fb._raw_drain(pool, 2, 1000)
@@ -471,6 +485,7 @@ async def drain_round(bench: Bench, counts: DrainCounts, flip: bool = False) -> 
                 async def fleet(c: int = concurrency, level: str = level) -> None:
                     await _reset(bench, pool)
                     await fb._fill(pool, total)
+                    await bench.analyze(pool, ANALYZE_PGFLEET)
 
                     async def run() -> None:
                         await fb._drain_in_process(pool, c)
@@ -490,6 +505,7 @@ async def drain_round(bench: Bench, counts: DrainCounts, flip: bool = False) -> 
                     ) -> None:
                         await _reset(bench, pool)
                         await _fill_pgqueuer(bench.dsn, n)
+                        await bench.analyze(pool, ANALYZE_PGQUEUER)
 
                         async def run() -> None:
                             await _drain_pgqueuer(bench.dsn, n, dict(s))
@@ -508,6 +524,7 @@ async def drain_round(bench: Bench, counts: DrainCounts, flip: bool = False) -> 
                     await _reset(bench, pool)
                     await pool.execute(graphile.ENSURE_TASK)
                     await pool.execute(graphile.FILL, n)
+                    await bench.analyze(pool, graphile.ANALYZE)
                     await bench.measure_graphile(
                         f"drain {level} graphile-{mode}", n, "drain", str(c), mode
                     )
@@ -873,6 +890,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         contenders,
         args.phases,
         checkpoint=args.checkpoint,
+        analyze_fill=args.analyze,
         install=install,
         max_pool=args.graphile_max_pool,
     )
@@ -946,6 +964,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "graphile_default_drain_total": args.graphile_default_drain_total,
                 },
                 "checkpoint_before_each_run": bench.checkpoint,
+                "analyze_after_fill": bench.analyze_fill,
                 "load_average": loads,
                 "machine": {
                     "python": sys.version.split()[0],
@@ -1046,6 +1065,12 @@ def cli(argv: list[str] | None = None) -> None:
         dest="checkpoint",
         action="store_false",
         help="no CHECKPOINT before each measurement",
+    )
+    parser.add_argument(
+        "--no-analyze",
+        dest="analyze",
+        action="store_false",
+        help="no ANALYZE of a queue after its fill, before its drain",
     )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", dest="json_path")
