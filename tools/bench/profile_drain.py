@@ -308,6 +308,19 @@ async def py_spy(output: Path | None, native: bool = False) -> Any:
             print(f"py-spy wrote nothing: {err.decode()[-500:]}")
 
 
+RESERVE_WAL = "SELECT pg_create_physical_replication_slot($1, true, true) IS NOT NULL"
+
+
+async def _reserve_wal(conn: Any) -> bool:
+    """A temporary physical replication slot reserving WAL from now on, dropped when
+    this session ends (however it ends). False where that is not allowed."""
+    try:
+        return bool(await conn.fetchval(RESERVE_WAL, f"pgfleet_profile_{os.getpid()}"))
+    except asyncpg.PostgresError as exc:
+        print(f"(no temporary replication slot: {exc}; pg_waldump may miss recycled WAL)")
+        return False
+
+
 async def _explain_round(dsn: str, limit: int) -> str:
     """EXPLAIN (ANALYZE, BUFFERS, WAL) of one claim round that writes ``limit``
     outcomes and claims ``limit`` jobs (their first ``limit`` start now), rolled back."""
@@ -381,6 +394,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             names = {r["node"]: r["name"] for r in await admin.fetch(FILENODES)}
             wal_dir = await admin.fetchval(WAL_DIR)
             await admin.execute(rawsql.CHECKPOINT)
+            # The WAL of the drain must outlive the checkpoints of others (this
+            # server's neighbours checkpoint too) until pg_waldump has read it: a
+            # temporary slot of this session keeps it, and goes with the session.
+            slot = await _reserve_wal(admin)
             before = await _settled_snapshot(admin, table)
             lsn0 = await admin.fetchval(rawsql.WAL_LSN)
             rounds = Rounds()
@@ -409,11 +426,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             wal = float(await admin.fetchval(rawsql.WAL_SINCE, lsn0))
             await pool.close()
             after = await _settled_snapshot(admin, table)
+            dump = await asyncio.to_thread(waldump, lsn0, lsn1, wal_dir, db_oid, names)
         finally:
             await admin.close()
             with contextlib.suppress(Exception):
                 await pool.close()
-        dump = await asyncio.to_thread(waldump, lsn0, lsn1, wal_dir, db_oid, names)
     finally:
         if not args.keep:
             await drop_database(args.dsn, args.database)
@@ -425,6 +442,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "jobs_per_s": n / elapsed,
         "per_job": {k: (after[k] - before.get(k, 0)) / n for k in after},
         "wal_bytes_per_job_server_wide": wal / n,
+        "wal_reserved_by_temporary_slot": slot,
     }
     lines = [
         f"{args.contender} at concurrency {args.concurrency}: {n:,} jobs in {elapsed:.2f} s "
