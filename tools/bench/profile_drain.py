@@ -16,7 +16,8 @@ drains them with one contender (``pgfleet``: the in-process ``Worker`` of
 - the WAL it wrote: the LSN difference, and with ``pg_waldump`` (when the server's
   WAL directory is readable here: same host, enough rights) the records of this
   database by resource manager, operation and relation, with full-page images,
-  and the commit records of its transactions;
+  and the commit records of its transactions (a temporary replication slot of
+  the profiler's own session keeps that WAL from being recycled meanwhile);
 - with ``--py-spy FILE``: py-spy (``pip install py-spy``) samples this process
   during the drain alone (raw collapsed stacks into FILE; ``--py-spy-native`` for
   the C frames too) and the busiest functions are listed, by own time, by source
