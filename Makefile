@@ -73,7 +73,7 @@ bench: venv ## throughput/latency benchmark vs raw SQL (BENCH_DSN=..., BENCH_ARG
 	mkdir -p bench-results
 	$(PY) -m tools.bench --dsn '$(BENCH_DSN)' --json bench-results/latest.json $(BENCH_ARGS)
 
-bench-peers: venv ## pgfleet vs pgqueuer (pinned) vs raw SQL, interleaved (BENCH_DSN=..., BENCH_ARGS=...)
+bench-peers: venv ## pgfleet vs pgqueuer and graphile-worker (pinned; Node.js from npm into ~/.cache) vs raw SQL, interleaved (BENCH_DSN=..., BENCH_ARGS='--contenders pgfleet,graphile --phases drain')
 	$(PY) -m pip install --quiet 'pgqueuer==1.6.0'
 	mkdir -p bench-results
 	$(PY) -m tools.bench.peers --dsn '$(BENCH_DSN)' --json bench-results/peers.json $(BENCH_ARGS)

@@ -1,5 +1,6 @@
 """tools/bench/peers.py runs end to end at a tiny scale against the pinned pgqueuer
-(speed is measured by `make bench-peers`, never asserted in tests)."""
+(speed is measured by `make bench-peers`, never asserted in tests; graphile-worker,
+a Node.js contender, has its own smoke test: test_bench_graphile.py)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ async def test_peer_comparison_runs_and_reports_the_criteria(
         f"pgfleet_peers_t{os.getpid()}",
         "--repeats",
         "1",
+        "--contenders",
+        "pgfleet,pgqueuer,raw",
+        "--no-checkpoint",
         "--single",
         "20",
         "--batch-total",
@@ -39,6 +43,8 @@ async def test_peer_comparison_runs_and_reports_the_criteria(
         "200",
         "--single-drain-total",
         "20",
+        "--pgqueuer-drain-total",
+        "200",
         "--latency-seconds",
         "0.5",
         "--json",
@@ -67,4 +73,5 @@ async def test_peer_comparison_runs_and_reports_the_criteria(
     )
     assert len(report["criteria"]) == 7
     assert report["cpu"]["drain c16 pgfleet"]["client_ms"] > 0
-    assert "the issue's criteria" in output.decode()
+    assert report["wal"]["drain c16 pgfleet"]["bytes"] > 0
+    assert "the issues' criteria" in output.decode()

@@ -65,3 +65,8 @@ BACKEND_PIDS = (
     "SELECT pid FROM pg_stat_activity "
     "WHERE datname = current_database() AND pid <> pg_backend_pid()"
 )
+# The server's WAL position, for the WAL a measurement wrote (server-wide: whatever
+# else the server runs meanwhile counts too).
+WAL_LSN = "SELECT pg_current_wal_lsn()::text"
+WAL_SINCE = "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), $1::text::pg_lsn)::float8"
+CHECKPOINT = "CHECKPOINT"
