@@ -208,6 +208,11 @@ ROUND_COLUMNS = (
 )  # fmt: skip
 
 
+def claimed_count(rows: Sequence[Record]) -> int:
+    """How many jobs a ``job_complete_and_claim`` round claimed."""
+    return sum(1 for row in rows if row[0])
+
+
 def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], list[Job], set[UUID]]:
     """What a ``job_complete_and_claim`` round returned: the jobs claimed to start
     now, those claimed to be held ahead (in claim order: priority, run_at, id), and
