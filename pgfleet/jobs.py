@@ -115,7 +115,7 @@ class EnqueueOptions:
     job_key: str | None = None
     job_key_mode: JobKeyMode = JobKeyMode.DEDUPE
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - a flat list of independent option checks
         if self.run_at is not None:
             if not isinstance(self.run_at, datetime):
                 raise InvalidOptions(f"run_at must be a datetime, got {type(self.run_at).__name__}")
