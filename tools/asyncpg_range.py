@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: unpacks by position).
 TESTS = (
     "tests/integration/test_pool_release.py",
-    "tests/unit/test_data_layer.py",
+    "tests/unit/db/test_data_layer.py",
     "tests/integration/test_round_trips.py",
 )
 

@@ -51,3 +51,11 @@ def test_every_module_of_the_library_is_listed_in_the_layout() -> None:
 def test_every_module_the_layout_names_exists() -> None:
     suffixes = set().union(*(_suffixes(m) for m in _modules()))
     assert sorted(_named() - suffixes) == []
+
+
+def test_unit_tests_sit_in_folders_that_mirror_the_library() -> None:
+    unit = ROOT / "tests/unit"
+    folders = [
+        p.relative_to(unit) for p in unit.rglob("*") if p.is_dir() and p.name != "__pycache__"
+    ]
+    assert [f.as_posix() for f in folders if not (LIBRARY / f).is_dir()] == []
