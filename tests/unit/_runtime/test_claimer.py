@@ -193,3 +193,21 @@ async def test_behind_a_pooler_a_refused_round_is_rolled_back_before_its_outcome
     assert db.rollbacks == 1
     assert db.sessions == []  # the settings go with each transaction, not the session
     assert db.written == {a.id: "succeeded"}
+
+
+async def test_the_loop_is_unready_while_rounds_fail_and_ready_again_once_one_is_answered() -> None:
+    (a,) = jobs(1)
+    db = FakeDatabase([a])
+    seen: list[str | None] = []
+
+    async def look(db_: FakeDatabase, call: object) -> list[tuple[object, ...]]:
+        seen.append(claims.health())
+        return await answer(db_, call)  # type: ignore[arg-type]
+
+    db.script.extend([look, lose_connection, lose_connection, look])
+    claims, _ = claim_loop(db, Handlers())
+    await claims.run()
+    # Ready before the outage; unready during it (the round that ends it is still
+    # out); ready once it is answered.
+    assert seen == [None, "claim loop cannot reach the database (2 failed rounds)"]
+    assert claims.health() is None
