@@ -1,6 +1,8 @@
 """Old against new, interleaved: the drain at 1, 16 and 64 slots and single
 enqueues, each checkout measured by its own interpreter in turn, medians of
-``--repeats`` rounds and the ratio new/old.
+``--repeats`` rounds and the ratio new/old: of throughput (jobs/s), and of the
+client's CPU per job (``cpu`` rows, microseconds: less moved by other load on a
+shared machine).
 
     python -m tools.bench.ab --old ../wt-base --new . --dsn postgresql://…/postgres
 
@@ -38,12 +40,15 @@ async def _child(dsn: str, database: str, drain_jobs: int, single_jobs: int) -> 
                 n = drain_jobs // 4 if slots == 1 else drain_jobs
                 await _reset(pool)
                 await _fill(pool, n)
+                cpu = time.process_time()
                 results[f"drain c{slots}"] = await _drain_in_process(pool, slots)
+                results[f"drain c{slots} cpu"] = (time.process_time() - cpu) / n * 1e6
             await _reset(pool)
             queue = Queue(pool, notify=NotifyMode.OFF)
-            start = time.perf_counter()
+            start, cpu = time.perf_counter(), time.process_time()
             await _single(queue, single_jobs)
             results["single enqueue"] = single_jobs / (time.perf_counter() - start)
+            results["single enqueue cpu"] = (time.process_time() - cpu) / single_jobs * 1e6
         finally:
             await pool.close()
     finally:
@@ -98,10 +103,14 @@ def main() -> None:
             print(side, round_ + 1, json.dumps(rounded), flush=True)
             for key, value in result.items():
                 runs[side].setdefault(key, []).append(value)
-    print(f"{'measure':16} {'old (jobs/s)':>13} {'new (jobs/s)':>13} {'new/old':>8}")
+    # Ratios: of the medians, and the median of each round's ratio (both sides of a
+    # round run back to back, so a burst of noise from elsewhere moves both).
+    print(f"{'measure':22} {'old':>10} {'new':>10} {'new/old':>8} {'rounds':>7}")
     for key in runs["old"]:
-        old, new = statistics.median(runs["old"][key]), statistics.median(runs["new"][key])
-        print(f"{key:16} {old:13.0f} {new:13.0f} {new / old:8.3f}")
+        olds, news = runs["old"][key], runs["new"][key]
+        old, new = statistics.median(olds), statistics.median(news)
+        paired = statistics.median(n / o for n, o in zip(news, olds, strict=True))
+        print(f"{key:22} {old:10.0f} {new:10.0f} {new / old:8.3f} {paired:7.3f}")
     sys.stdout.flush()
 
 
