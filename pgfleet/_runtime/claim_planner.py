@@ -8,7 +8,7 @@ decide what follows a round: whether its answer waits for the next round to go o
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 #: The longest backoff after a failed or refused round, in seconds.
 MAX_BACKOFF = 30.0
@@ -32,9 +32,9 @@ class Step(enum.Enum):
     SEND = "send"
 
 
-@dataclass(frozen=True, slots=True)
-class LoopState:
-    """What the planner needs to know, read from the loop and its executor."""
+class LoopState(NamedTuple):
+    """What the planner needs to know, read from the loop and its executor (a
+    tuple: the loop builds one or two per turn)."""
 
     #: The drain began: claim nothing more, write what is left.
     stopping: bool
@@ -60,8 +60,7 @@ class LoopState:
     poll: float
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
+class Turn(NamedTuple):
     """One turn of the loop: what it does, and for a round what it sends."""
 
     step: Step

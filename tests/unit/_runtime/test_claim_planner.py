@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from pgfleet._runtime import claim_planner as planner
@@ -29,31 +27,31 @@ def test_free_slots_send_a_round_that_claims_what_they_want() -> None:
 
 
 def test_finished_outcomes_are_sent_even_when_no_slot_wants_a_job() -> None:
-    state = replace(QUIET, pending=3, wanted=0, start=0, running=4)
+    state = QUIET._replace(pending=3, wanted=0, start=0, running=4)
     assert planner.plan(state) == Turn(Step.SEND, limit=0, start=0)
 
 
 def test_held_jobs_started_since_the_last_round_are_marked_by_a_round() -> None:
-    state = replace(QUIET, unmarked=True, wanted=0, start=0, running=4)
+    state = QUIET._replace(unmarked=True, wanted=0, start=0, running=4)
     assert planner.plan(state).step is Step.SEND
 
 
 def test_busy_slots_wait_until_woken_or_the_oldest_held_job_is_due_back() -> None:
-    state = replace(QUIET, wanted=0, start=0, running=4, held_wait=0.25)
+    state = QUIET._replace(wanted=0, start=0, running=4, held_wait=0.25)
     assert planner.plan(state) == Turn(Step.WAIT, wake_within=0.25)
-    assert planner.plan(replace(state, held_wait=None)) == Turn(Step.WAIT, wake_within=None)
+    assert planner.plan(state._replace(held_wait=None)) == Turn(Step.WAIT, wake_within=None)
 
 
 def test_after_a_round_that_found_too_few_jobs_the_loop_polls() -> None:
-    assert planner.plan(replace(QUIET, idle=True)) == Turn(Step.POLL, wake_within=1.5)
+    assert planner.plan(QUIET._replace(idle=True)) == Turn(Step.POLL, wake_within=1.5)
 
 
 def test_an_idle_loop_with_outcomes_sends_them_at_once() -> None:
-    assert planner.plan(replace(QUIET, idle=True, pending=1)).step is Step.SEND
+    assert planner.plan(QUIET._replace(idle=True, pending=1)).step is Step.SEND
 
 
 def test_a_deferred_answer_with_outcomes_behind_it_is_pipelined() -> None:
-    state = replace(QUIET, deferred=True, pending=2, wanted=1, start=1)
+    state = QUIET._replace(deferred=True, pending=2, wanted=1, start=1)
     assert planner.plan(state) == Turn(Step.SEND, limit=1, start=1, pipelined=True)
 
 
@@ -68,15 +66,15 @@ def test_a_deferred_answer_with_outcomes_behind_it_is_pipelined() -> None:
 def test_a_deferred_answer_is_settled_first_when_nothing_can_go_out_ahead_of_it(
     change: dict[str, object],
 ) -> None:
-    state = replace(QUIET, **{"deferred": True, "pending": 2, **change})  # type: ignore[arg-type]
+    state = QUIET._replace(**{"deferred": True, "pending": 2, **change})  # type: ignore[arg-type]
     assert planner.plan(state) is planner.SETTLE
 
 
 def test_stopping_returns_once_nothing_runs_and_nothing_is_left_to_write() -> None:
-    stopping = replace(QUIET, stopping=True, wanted=0, start=0)
+    stopping = QUIET._replace(stopping=True, wanted=0, start=0)
     assert planner.plan(stopping) is planner.STOP
-    assert planner.plan(replace(stopping, pending=1)) == Turn(Step.SEND)
-    assert planner.plan(replace(stopping, running=1)).step is Step.WAIT
+    assert planner.plan(stopping._replace(pending=1)) == Turn(Step.SEND)
+    assert planner.plan(stopping._replace(running=1)).step is Step.WAIT
 
 
 def test_an_answer_waits_for_the_next_round_only_when_outcomes_are_behind_it() -> None:
