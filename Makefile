@@ -13,7 +13,7 @@ CONSOLE_BENCH_ARGS ?=
 
 API_FUZZ_ARGS ?=
 
-.PHONY: help venv test test-fast lint format docs docs-build docs-generate dist release-check bench bench-peers bench-producers bench-django fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
+.PHONY: help venv test test-fast test-asyncpg-range lint format docs docs-build docs-generate dist release-check bench bench-peers bench-producers bench-django fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ test: venv ## run the test suite against a real PostgreSQL (CONTRIBUTING.md: Tes
 
 test-fast: venv ## unit and integration tests on one event loop (a few minutes): the loop to run while working
 	PGFLEET_TEST_LOOPS=asyncio $(PY) -m pytest tests/unit tests/integration -q $(PYTEST_ARGS)
+
+test-asyncpg-range: venv ## the tests of what touches asyncpg's internals, on the lowest and highest asyncpg pyproject allows
+	$(PY) -m tools.asyncpg_range
 
 lint: venv ## ruff (lint + format check) and mypy --strict on all Python in the repo
 	$(VENV)/bin/ruff check pgfleet tests tools worker loadtest examples docs/snippets

@@ -113,7 +113,7 @@ class WorkerConfig:
     #: listener then holds one connection of its own instead of one of the pool's.
     listen_dsn: str | None = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: C901 - a flat list of independent option checks
         c = self.concurrency
         if isinstance(c, bool) or not isinstance(c, int) or not 1 <= c <= 10_000:
             raise InvalidOptions(f"concurrency must be an integer from 1 to 10000, got {c!r}")

@@ -325,41 +325,8 @@ class Worker:
         """Register and start the services; False if told to stop before that
         could happen (the database stayed unreachable)."""
         context.install_log_record_factory()
-        delay = 0.5
-        while True:
-            try:
-                async with self._db.acquire("schema check") as conn:
-                    await check_schema(conn)
-                await self._heartbeat.run_once()
-                if self._cron_service is not None:
-                    await self._cron_service.prepare()
-                break
-            except SchemaNotReady:
-                raise
-            except Exception as exc:
-                server = getattr(self._pool, "server", None)
-                # No such database or role, a wrong password: a configuration to fix,
-                # not an outage to wait out.
-                refused = login_refused(exc, server or "")
-                if refused is not None:
-                    raise refused from None
-                if not is_connection_error(exc):
-                    raise
-                at = f"{server}: " if server else ""
-                log.warning(
-                    "database unavailable at worker start (%s%s); retrying in %.1fs",
-                    at,
-                    exc,
-                    delay,
-                )
-                if stop is not None:
-                    done, _ = await asyncio.wait([stop], timeout=delay)
-                    if done:
-                        log.info("worker %s stopped before it could start", self.id)
-                        return False
-                else:
-                    await asyncio.sleep(delay)
-                delay = min(delay * 2, 30.0)
+        if not await self._register(stop):
+            return False
         loop = asyncio.get_running_loop()
         assert self._heartbeat.started_at is not None
         self._state = context.WorkerState(
@@ -393,6 +360,46 @@ class Worker:
             self._cron_service.start()
         self._started.set()
         return True
+
+    async def _register(self, stop: asyncio.Future[Any] | None) -> bool:
+        """Check the schema, register (the first heartbeat) and prepare cron,
+        retrying with a backoff while the database cannot be reached; False if told
+        to stop first."""
+        delay = 0.5
+        while True:
+            try:
+                async with self._db.acquire("schema check") as conn:
+                    await check_schema(conn)
+                await self._heartbeat.run_once()
+                if self._cron_service is not None:
+                    await self._cron_service.prepare()
+                return True
+            except SchemaNotReady:
+                raise
+            except Exception as exc:
+                server = getattr(self._pool, "server", None)
+                # No such database or role, a wrong password: a configuration to fix,
+                # not an outage to wait out.
+                refused = login_refused(exc, server or "")
+                if refused is not None:
+                    raise refused from None
+                if not is_connection_error(exc):
+                    raise
+                at = f"{server}: " if server else ""
+                log.warning(
+                    "database unavailable at worker start (%s%s); retrying in %.1fs",
+                    at,
+                    exc,
+                    delay,
+                )
+                if stop is not None:
+                    done, _ = await asyncio.wait([stop], timeout=delay)
+                    if done:
+                        log.info("worker %s stopped before it could start", self.id)
+                        return False
+                else:
+                    await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     async def _drain(self, claim: asyncio.Task[None] | None, grace: float) -> None:
         """Stop claiming, give running handlers ``grace`` seconds, cancel the rest

@@ -1,21 +1,29 @@
 """The claim loop: one round trip per turn writes the outcomes of finished
-handlers and claims jobs for the free slots, on a connection it keeps."""
+handlers and claims jobs for the free slots, on a connection it keeps.
+
+In three parts: ``claim_connection.py`` the connection it holds,
+``claim_planner.py`` what each turn does (pure), and this module the loop that
+carries turns out and handles what a round's answer, or its failure, means."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import functools
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from pgfleet._runtime import claim_planner as planner
+from pgfleet._runtime.claim_connection import ClaimConnection, ClaimStore
+from pgfleet._runtime.claim_planner import LoopState, Step, Turn
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
-from pgfleet.db.deadlines import BoundedPool, Held
+from pgfleet.db.deadlines import BoundedPool
 from pgfleet.db.store import Store
-from pgfleet.db.translate import is_connection_error, round_result
+from pgfleet.db.translate import claimed_count, is_connection_error, round_result
 from pgfleet.db.types import Record
 from pgfleet.errors import DatabaseUnavailable
 from pgfleet.events import WorkerEvents
@@ -26,6 +34,16 @@ log = logging.getLogger("pgfleet")
 #: Seconds a job claimed ahead (prefetch) may wait for a free slot before it is
 #: handed back, unstarted, for any worker to take.
 PREFETCH_HOLD = 1.0
+
+
+@dataclass(slots=True)
+class _Deferred:
+    """A round's answer not settled yet: under load, the next round goes out first
+    and this one's jobs start while it is in flight (see ``_send_then_settle``)."""
+
+    batch: list[Outcome]
+    rows: list[Record]
+    claimed: int
 
 
 class ClaimLoop:
@@ -52,9 +70,10 @@ class ClaimLoop:
         pooled: bool,
         events: WorkerEvents,
         stats: RunStats,
+        store: Callable[[Any], ClaimStore] = Store,  # a scripted fake in unit tests
     ) -> None:
         self.worker_id = worker_id
-        self._pool = pool
+        self.connection = ClaimConnection(pool, pooled=pooled, timeout=timeout, store=store)
         self._db = db
         self._executor = executor
         self._names = list(names)
@@ -65,7 +84,6 @@ class ClaimLoop:
         #: A handler finished since the last round (a slot came free): the
         #: round may top up the jobs held ahead.
         self._finished = False
-        self._pooled = pooled
         self.events = events
         self.stats = stats
         #: Outcomes waiting for the next round.
@@ -82,6 +100,8 @@ class ClaimLoop:
         self._unreachable = 0
         self._round_started: float | None = None
         self._failing_since: float | None = None
+        #: Refused rounds in a row (in this run).
+        self._refused = 0
 
     # ------------------------------------------------------------ signals
 
@@ -109,14 +129,9 @@ class ClaimLoop:
 
     def health(self) -> str | None:
         """None while the loop reaches the database, else why it does not."""
-        if self._failures:
-            return f"claim loop cannot reach the database ({self._failures} failed rounds)"
         started = self._round_started
-        if started is not None:
-            waited = time.monotonic() - started
-            if waited > max(self._timeout / 3, 1.0):
-                return f"claim round waiting for the database for {waited:.0f}s"
-        return None
+        waited = None if started is None else time.monotonic() - started
+        return planner.health(failures=self._failures, waited=waited, timeout=self._timeout)
 
     async def _wait(self, timeout: float | None) -> None:
         if not self._wake_event.is_set():
@@ -131,144 +146,157 @@ class ClaimLoop:
 
     # ------------------------------------------------------------ the loop
 
-    async def run(self) -> None:
-        held: Held | None = None
-        idle = False
-        refused = 0
+    def _state(self, deferred: _Deferred | None, idle: bool) -> LoopState:
         executor = self._executor
-        #: A round's answer not settled yet: under load, the next round goes out
-        #: first and this one's jobs start while it is in flight, so the database
-        #: does not wait for the client between rounds (see _send_then_settle).
-        deferred: tuple[list[Outcome], list[Record], int] | None = None
+        arriving = 0 if deferred is None else deferred.claimed
+        wanted, start = (0, 0) if self.stopping else executor.wanted(self._finished, arriving)
+        return LoopState(
+            stopping=self.stopping,
+            pending=len(self.outcomes),
+            unmarked=executor.unmarked,
+            running=len(executor.running),
+            wanted=wanted,
+            start=start,
+            idle=idle,
+            deferred=deferred is not None,
+            connected=self.connection.usable,
+            held_wait=executor.held_wait(self._hold) if wanted == 0 else None,
+            poll=self._poll,
+        )
+
+    async def run(self) -> None:
+        idle = False
+        self._refused = 0
+        executor = self._executor
+        deferred: _Deferred | None = None
         try:
             while True:
                 if executor.held:
                     self._release_held(time.monotonic() - self._hold)
-                if deferred is not None and (
-                    self.stopping
-                    or not (self.outcomes or executor.unmarked)
-                    or held is None
-                    or held.closed()
-                ):
-                    # Nothing to send first (or no connection to send it on).
-                    self._settle(deferred[0], deferred[1])
+                turn = planner.plan(self._state(deferred, idle))
+                if turn.step is Step.SETTLE:
+                    assert deferred is not None
+                    self._settle(deferred.batch, deferred.rows)
                     deferred = None
-                if self.stopping and not executor.running and not self.outcomes:
+                    turn = planner.plan(self._state(None, idle))
+                if turn.step is Step.STOP:
                     return
-                arriving = 0 if deferred is None else deferred[2]
-                free, start = (0, 0) if self.stopping else executor.wanted(self._finished, arriving)
-                if not self.outcomes and not executor.unmarked:
-                    if free == 0:
-                        self._wake_event.clear()
-                        await self._wait(executor.held_wait(self._hold))
-                        continue
-                    if idle:
-                        await self._wait(self._poll)
-                        idle = False
-                        continue
-                self._wake_event.clear()
-                batch, self.outcomes = self.outcomes, []
-                self._finished = False
-                started = executor.take_started()
-                self._round_started = time.monotonic()
-                round_: asyncio.Task[list[Record]] | None = None
-                if deferred is not None:
-                    assert held is not None  # settled above otherwise
-                    round_ = await self._send_then_settle(
-                        held, batch, free, start, started, deferred
-                    )
-                    deferred = None
-                try:
-                    if round_ is None and held is not None and held.closed():
-                        held.drop()  # closed under us: make sure its slot goes back
-                        held = None
-                    reached = held is not None
-                    async with asyncio.timeout(self._timeout):
-                        if held is None:
-                            held = Held(await self._pool.acquire(timeout=self._timeout))
-                            if not self._pooled:
-                                await Store(held.conn).claim_session_begin()
-                            reached = True
-                            if self._failures:
-                                await self._release_unknown(Store(held.conn), batch)
-                        if round_ is not None:
-                            rows = await round_
-                        else:
-                            rows = await self._claim(Store(held.conn), batch, free, start, started)
-                except TimeoutError:
-                    executor.restore_started(started)
-                    await self._round_failed(batch, held, None, reached=False)
-                    held = None
+                if turn.step is Step.WAIT:
+                    self._wake_event.clear()
+                    await self._wait(turn.wake_within)
                     continue
-                except Exception as exc:
-                    executor.restore_started(started)
-                    if held is not None and not held.closed() and not is_connection_error(exc):
-                        # The database answered, and refused: not an outage.
-                        self._round_started = None
-                        refused += 1
-                        await self._isolate(Store(held.conn), batch, exc, refused)
-                        await self.pause(min(30.0, 0.05 * 2 ** min(refused, 10)))
-                        continue
-                    await self._round_failed(batch, held, exc, reached=reached)
-                    held = None
+                if turn.step is Step.POLL:
+                    await self._wait(turn.wake_within)
+                    idle = False
                     continue
-                self._round_started = None
-                refused = 0
-                if self._failures:
-                    assert self._failing_since is not None
-                    log.warning(
-                        "claim loop of worker %s reaches the database again after %.1fs "
-                        "(%d failed rounds)",
-                        self.worker_id,
-                        time.monotonic() - self._failing_since,
-                        self._failures,
-                    )
-                    self._failures = 0
-                    self._unreachable = 0
-                    self._failing_since = None
-                if not self.stopping and (self.outcomes or executor.unmarked):
+                batch, rows = await self._send_round(turn, deferred)
+                deferred = None
+                if rows is None:
+                    continue
+                if planner.defers(
+                    stopping=self.stopping, pending=len(self.outcomes), unmarked=executor.unmarked
+                ):
                     # Handlers finished while the round was out: send theirs first.
-                    claimed = sum(1 for row in rows if row[0])
-                    deferred = (batch, rows, claimed)
+                    claimed = claimed_count(rows)
+                    deferred = _Deferred(batch, rows, claimed)
                 else:
                     claimed = self._settle(batch, rows)
-                idle = claimed < free
-                if (
-                    self.burst
-                    and idle
-                    and not executor.running
-                    and not executor.held
-                    and not self.outcomes
+                idle = claimed < turn.limit
+                if planner.burst_finished(
+                    burst=self.burst,
+                    idle=idle,
+                    running=len(executor.running),
+                    held=executor.held,
+                    pending=len(self.outcomes),
                 ):
                     self.stopping = True
                     return
         finally:
-            if held is not None and self._round_started is not None:
-                held.drop()  # cut mid-round (flush timeout, cancellation): state unknown
+            await self.connection.close(cut=self._round_started is not None)
             self._round_started = None
-            if held is not None and not held.closed():
-                try:
-                    async with asyncio.timeout(min(self._timeout, 5.0)):
-                        if not self._pooled:
-                            await Store(held.conn).claim_session_end()
-                except BaseException:
-                    # Closed, not released: its session was not reset (and a live
-                    # connection kept out of the pool is one pool.close() waits for).
-                    held.drop()
-                else:
-                    with contextlib.suppress(Exception):
-                        await held.release(self._pool, min(self._timeout, 5.0))
-            elif held is not None:
-                held.drop()
+
+    async def _send_round(
+        self, turn: Turn, deferred: _Deferred | None
+    ) -> tuple[list[Outcome], list[Record] | None]:
+        """Send a round as ``turn`` says, settling ``deferred`` while it is out when
+        pipelined; its batch of outcomes and its rows (None: it failed, and was
+        handled)."""
+        self._wake_event.clear()
+        batch, self.outcomes = self.outcomes, []
+        self._finished = False
+        started = self._executor.take_started()
+        self._round_started = time.monotonic()
+        pipelined: asyncio.Task[list[Record]] | None = None
+        if deferred is not None:
+            assert turn.pipelined  # else settled
+            pipelined = await self._send_then_settle(batch, turn, started, deferred)
+        rows = await self._round(batch, turn, started, pipelined)
+        if rows is not None:
+            self._round_started = None
+            self._refused = 0
+            if self._failures:
+                self._recovered()
+        return batch, rows
+
+    async def _round(
+        self,
+        batch: list[Outcome],
+        turn: Turn,
+        started: list[uuid.UUID],
+        pipelined: asyncio.Task[list[Record]] | None,
+    ) -> list[Record] | None:
+        """A round's answer, on the held connection (opened first if there is none);
+        None when it failed or was refused (its outcomes are back in line, or
+        written one by one)."""
+        connection = self.connection
+        if pipelined is None:
+            connection.drop_if_closed()
+        reached = connection.held is not None
+        try:
+            async with asyncio.timeout(self._timeout):
+                if connection.held is None:
+                    await connection.open()
+                    reached = True
+                    if self._failures:
+                        await self._release_unknown(connection.store(), batch)
+                if pipelined is not None:
+                    return await pipelined
+                return await connection.transact(
+                    functools.partial(self._statement, batch=batch, turn=turn, started=started)
+                )
+        except TimeoutError:
+            self._executor.restore_started(started)
+            await self._round_failed(batch, None, reached=False)
+        except Exception as exc:
+            self._executor.restore_started(started)
+            if connection.usable and not is_connection_error(exc):
+                # The database answered, and refused: not an outage.
+                self._round_started = None
+                self._refused += 1
+                await self._isolate(connection.store(), batch, exc, self._refused)
+                await self.pause(planner.backoff(self._refused))
+            else:
+                await self._round_failed(batch, exc, reached=reached)
+        return None
+
+    def _recovered(self) -> None:
+        assert self._failing_since is not None
+        log.warning(
+            "claim loop of worker %s reaches the database again after %.1fs (%d failed rounds)",
+            self.worker_id,
+            time.monotonic() - self._failing_since,
+            self._failures,
+        )
+        self._failures = 0
+        self._unreachable = 0
+        self._failing_since = None
 
     async def _send_then_settle(
         self,
-        held: Held,
         batch: list[Outcome],
-        free: int,
-        start: int,
+        turn: Turn,
         started: list[uuid.UUID],
-        deferred: tuple[list[Outcome], list[Record], int],
+        deferred: _Deferred,
     ) -> asyncio.Task[list[Record]]:
         """Send a round, then settle the previous one while it is out: its task's
         first step writes the statement, and the jobs the previous round claimed
@@ -277,56 +305,41 @@ class ClaimLoop:
         If settling fails the round is cancelled: its connection is dropped with
         the loop (a cut round's state is unknown)."""
         round_ = asyncio.get_running_loop().create_task(
-            self._send(held, batch, free, start, started)
+            self._send(batch, turn.limit, turn.start, started)
         )
         try:
             await asyncio.sleep(0)
-            self._settle(deferred[0], deferred[1])
+            self._settle(deferred.batch, deferred.rows)
         except BaseException:
             round_.cancel()
             raise
         return round_
 
     async def _send(
-        self, held: Held, batch: list[Outcome], free: int, start: int, started: list[uuid.UUID]
+        self, batch: list[Outcome], limit: int, start: int, started: list[uuid.UUID]
     ) -> list[Record]:
         """A pipelined round's task. The connection can be lost in the loop turn
         between the caller's check and this first step (a reset read in the same
         turn as the previous answer): asyncpg has then already handed its slot back
         and detached the proxy, so say the connection is gone instead of calling
         it."""
-        if held.closed():
+        if not self.connection.usable:
             raise DatabaseUnavailable("the claim connection closed before the round was sent")
-        return await self._claim(Store(held.conn), batch, free, start, started)
+        turn = Turn(Step.SEND, limit=limit, start=start)
+        return await self.connection.transact(
+            functools.partial(self._statement, batch=batch, turn=turn, started=started)
+        )
 
-    async def _claim(
-        self, store: Store, batch: list[Outcome], free: int, start: int, started: list[uuid.UUID]
-    ) -> list[Record]:
-        """One claim round's statement. Behind a transaction-mode pooler it runs in a
-        transaction of its own that carries the planner settings (SET LOCAL); a
-        direct connection has them on its session (claim_session_begin)."""
-        if not self._pooled:
-            return await self._complete_and_claim(store, batch, free, start, started)
-        await store.claim_transaction_begin()
-        try:
-            rows = await self._complete_and_claim(store, batch, free, start, started)
-            await store.claim_transaction_commit()
-        except Exception:
-            conn = store.connection
-            if not conn.is_closed() and conn.is_in_transaction():
-                with contextlib.suppress(Exception):
-                    await store.claim_transaction_rollback()
-            raise
-        return rows
-
-    async def _complete_and_claim(
+    async def _statement(
         self,
-        store: Store,
+        store: ClaimStore,
+        *,
         batch: list[Outcome],
-        free: int,
-        start: int = 0,
+        turn: Turn | None = None,
         started: Sequence[uuid.UUID] = (),
     ) -> list[Record]:
+        """The round's statement: write ``batch``, mark ``started``, claim as
+        ``turn`` says (nothing without one)."""
         now = time.perf_counter()
         return await store.job_complete_and_claim(
             ids=[o.job.id for o in batch],
@@ -338,25 +351,23 @@ class ClaimLoop:
             worker_id=self.worker_id,
             job_names=self._names,
             queue_names=self._queue_names,
-            limit=free,
-            start=start,
+            limit=0 if turn is None else turn.limit,
+            start=0 if turn is None else turn.start,
             started=started,
         )
 
     async def _round_failed(
-        self, batch: list[Outcome], held: Held | None, exc: BaseException | None, *, reached: bool
+        self, batch: list[Outcome], exc: BaseException | None, *, reached: bool
     ) -> None:
         """The round's connection failed or hung: put its outcomes back, drop the
         connection and retry after a backoff. Says so once, not every round.
 
-        A connection that was working and then closed (``reached``: a server
-        restart, pg_terminate_backend, a pooler recycling it) is replaced at once; the
-        backoff grows only while the database cannot be reached at all."""
+        A connection that was working and then closed (``reached``) is replaced at
+        once; the backoff grows only while the database cannot be reached at all."""
         for o in batch:
             o.resent = True
         self.outcomes[:0] = batch
-        if held is not None:
-            held.drop()
+        self.connection.drop()
         if exc is None:
             await self._db.hang_detected("claim round")
             reason = f"no answer within {self._timeout:g}s; connection dropped"
@@ -365,12 +376,8 @@ class ClaimLoop:
         self._failures += 1
         if self._failing_since is None:
             self._failing_since = time.monotonic()
-        if reached:
-            self._unreachable = 0
-            delay = 0.05
-        else:
-            self._unreachable += 1
-            delay = min(30.0, 0.05 * 2 ** min(self._unreachable, 10))
+        self._unreachable = 0 if reached else self._unreachable + 1
+        delay = planner.outage_backoff(reached=reached, unreachable=self._unreachable)
         if self._failures == 1:
             log.warning(
                 "claim round of worker %s failed (%s); retrying with backoff, the worker "
@@ -384,12 +391,12 @@ class ClaimLoop:
         await self.pause(delay)
 
     async def _isolate(
-        self, store: Store, batch: list[Outcome], exc: BaseException, refused: int
+        self, store: ClaimStore, batch: list[Outcome], exc: BaseException, refused: int
     ) -> None:
         """Write a refused round's outcomes one at a time, claiming nothing. An
         outcome the database refuses is replaced by a permanent failure that says
         why, so its job ends instead of blocking every later round."""
-        if batch or refused == 1 or refused % 100 == 0:
+        if planner.should_log_refusal(outcomes=len(batch), refused=refused):
             log.error(
                 "claim round of worker %s was refused by the database (%s: %s)%s",
                 self.worker_id,
@@ -398,6 +405,7 @@ class ClaimLoop:
                 f"; writing its {len(batch)} outcomes one by one" if batch else "",
             )
         for index, o in enumerate(batch):
+            rows: list[Record] | None
             try:
                 rows = await self._write_one(store, o)
             except Exception as exc:
@@ -406,30 +414,39 @@ class ClaimLoop:
                         rest.resent = True
                     self.outcomes[:0] = batch[index:]
                     return
-                error = storable_text(
-                    f"pgfleet could not record this attempt's {o.label} outcome: "
-                    f"{type(exc).__name__}: {exc}"
-                )
-                log.error("job %s (%s): %s", o.job.id, o.job.name, error)
-                o.action, o.label, o.delay, o.error = "failed", "failed", 0.0, error
-                try:
-                    rows = await self._write_one(store, o)
-                except Exception as again:
-                    log.error(
-                        "job %s (%s): its outcome cannot be written (%s); it stays running "
-                        "until this worker stops and the fleet recovers it",
-                        o.job.id,
-                        o.job.name,
-                        again,
-                    )
+                rows = await self._write_failure(store, o, exc)
+                if rows is None:
                     continue
             self._settle([o], rows)
 
-    async def _write_one(self, store: Store, o: Outcome) -> list[Record]:
-        async with asyncio.timeout(self._timeout):
-            return await self._complete_and_claim(store, [o], 0)
+    async def _write_failure(
+        self, store: ClaimStore, o: Outcome, exc: Exception
+    ) -> list[Record] | None:
+        """The database refused ``o``: write a permanent failure that says why
+        instead (None when even that is refused)."""
+        error = storable_text(
+            f"pgfleet could not record this attempt's {o.label} outcome: "
+            f"{type(exc).__name__}: {exc}"
+        )
+        log.error("job %s (%s): %s", o.job.id, o.job.name, error)
+        o.action, o.label, o.delay, o.error = "failed", "failed", 0.0, error
+        try:
+            return await self._write_one(store, o)
+        except Exception as again:
+            log.error(
+                "job %s (%s): its outcome cannot be written (%s); it stays running "
+                "until this worker stops and the fleet recovers it",
+                o.job.id,
+                o.job.name,
+                again,
+            )
+            return None
 
-    async def _release_unknown(self, store: Store, batch: list[Outcome]) -> None:
+    async def _write_one(self, store: ClaimStore, o: Outcome) -> list[Record]:
+        async with asyncio.timeout(self._timeout):
+            return await self._statement(store, batch=[o])
+
+    async def _release_unknown(self, store: ClaimStore, batch: list[Outcome]) -> None:
         known = (
             list(self._executor.running)
             + self._executor.held_ids()

@@ -23,18 +23,6 @@ import asyncpg.pool
 from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, tune_socket
 
 
-def _has_release_internals() -> bool:
-    """Whether this asyncpg has the internals :meth:`Pool._release_now` relies on
-    (0.29 to 0.32 do); without them every release takes asyncpg's own path."""
-    holder = asyncpg.pool.PoolConnectionHolder
-    return all(
-        callable(getattr(holder, name, None)) for name in ("_release", "_setup_inactive_callback")
-    ) and callable(getattr(asyncpg.Connection, "_on_release", None))
-
-
-_FAST_RELEASE = _has_release_internals()
-
-
 class Pool(asyncpg.pool.Pool):
     __slots__ = ("plain_reset", "release_timeout", "server")
 
@@ -47,7 +35,7 @@ class Pool(asyncpg.pool.Pool):
     plain_reset: bool
 
     async def release(self, connection: Any, *, timeout: float | None = None) -> None:
-        if self.plain_reset and _FAST_RELEASE and self._release_now(connection):
+        if self.plain_reset and _FAST_RELEASE and release_now(self, connection):
             return
         if timeout is None:
             holder = getattr(connection, "_holder", None)
@@ -55,44 +43,58 @@ class Pool(asyncpg.pool.Pool):
                 timeout = self.release_timeout
         await super().release(connection, timeout=timeout)
 
-    def _release_now(self, proxy: Any) -> bool:
-        """Hand back a connection that needs nothing done to it, synchronously.
 
-        asyncpg's release runs in a task of its own (``asyncio.shield``) under a
-        timeout, so every pool call paid a task, a timer and a loop iteration even
-        when there was nothing to wait for: about a fifth of a single enqueue's
-        client CPU. A connection that is open, not cancelling a query, not in a
-        transaction, with no listeners, within ``max_queries`` and of the current
-        generation needs none of it: what asyncpg's release would do to it (no
-        rollback, no reset query, as ``plain_reset`` says) happens here without a
-        suspension point, so a cancellation cannot interrupt it either. Anything
-        else returns False and takes asyncpg's path.
-        """
-        try:
-            holder = proxy._holder
-            con = proxy._con
-            if (
-                con is None
-                or self.is_closing()
-                or holder._pool is not self
-                or holder._in_use is None
-                or con.is_closed()
-                or con.is_in_transaction()
-                or con._top_xact is not None
-                or con._listeners
-                or con._log_listeners
-                or con._protocol._is_cancelling()
-                or con._protocol.queries_count >= holder._max_queries
-                or holder._generation != self._generation
-            ):
-                return False
-        except AttributeError:  # not a proxy of this asyncpg's pool: its own path
+def _has_release_internals() -> bool:
+    """Whether this asyncpg has the internals :func:`release_now` relies on;
+    without them every release takes asyncpg's own path."""
+    holder = asyncpg.pool.PoolConnectionHolder
+    return all(
+        callable(getattr(holder, name, None)) for name in ("_release", "_setup_inactive_callback")
+    ) and callable(getattr(asyncpg.Connection, "_on_release", None))
+
+
+_FAST_RELEASE = _has_release_internals()
+
+
+# asyncpg's private internals, for a third less client CPU per pool call (measured:
+# docs/design/performance.md); `make test-asyncpg-range` runs its tests on the range.
+def release_now(pool: Pool, proxy: Any) -> bool:
+    """Hand back a connection that needs nothing done to it, synchronously.
+
+    asyncpg's release runs in a task of its own (``asyncio.shield``) under a
+    timeout: a task, a timer and a loop iteration per pool call even when there is
+    nothing to wait for. A connection that is open, not cancelling a query, not in
+    a transaction, with no listeners, within ``max_queries`` and of the current
+    generation needs none of it: what asyncpg's release would do to it (no
+    rollback, no reset query, as ``plain_reset`` says) happens here without a
+    suspension point, so a cancellation cannot interrupt it either. Anything else
+    returns False and takes asyncpg's path.
+    """
+    try:
+        holder = proxy._holder
+        con = proxy._con
+        if (
+            con is None
+            or pool.is_closing()
+            or holder._pool is not pool
+            or holder._in_use is None
+            or con.is_closed()
+            or con.is_in_transaction()
+            or con._top_xact is not None
+            or con._listeners
+            or con._log_listeners
+            or con._protocol._is_cancelling()
+            or con._protocol.queries_count >= holder._max_queries
+            or holder._generation != pool._generation
+        ):
             return False
-        con._on_release()
-        holder._timeout = None
-        holder._release()
-        holder._setup_inactive_callback()
-        return True
+    except AttributeError:  # not a proxy of this asyncpg's pool: its own path
+        return False
+    con._on_release()
+    holder._timeout = None
+    holder._release()
+    holder._setup_inactive_callback()
+    return True
 
 
 def create(

@@ -15,6 +15,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pgfleet.db.connect import Pool
@@ -231,6 +232,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     console_flags.add_arguments(parser)
 
 
+#: The options given in seconds: attribute, whether a value is allowed, the
+#: allowed range as the error message says it.
+_SECONDS: tuple[tuple[str, Callable[[float], bool], str], ...] = (
+    ("shutdown_timeout", lambda s: 0 <= s <= 3600, "from 0 to 3600 seconds"),
+    ("database_timeout", lambda s: 0 < s <= 3600, "over 0 and at most 3600 seconds"),
+    ("backlog_horizon", lambda s: 0 <= s <= 10 * 365 * 86400, "from 0 to ten years in seconds"),
+)
+
+
 def _check(args: argparse.Namespace) -> None:
     """Validate and convert every option, or exit with a message naming it."""
 
@@ -249,27 +259,16 @@ def _check(args: argparse.Namespace) -> None:
         if not low <= number <= high:
             raise fail(f"{flag} must be from {low} to {high}, got {number}")
         setattr(args, name, number)
-    try:
-        timeout = float(args.shutdown_timeout)
-    except (TypeError, ValueError):
-        raise fail(f"--shutdown-timeout must be a number, got {args.shutdown_timeout!r}") from None
-    if not 0 <= timeout <= 3600:
-        raise fail(f"--shutdown-timeout must be from 0 to 3600 seconds, got {timeout}")
-    args.shutdown_timeout = timeout
-    try:
-        bound = float(args.database_timeout)
-    except (TypeError, ValueError):
-        raise fail(f"--database-timeout must be a number, got {args.database_timeout!r}") from None
-    if not 0 < bound <= 3600:
-        raise fail(f"--database-timeout must be over 0 and at most 3600 seconds, got {bound}")
-    args.database_timeout = bound
-    try:
-        horizon = float(args.backlog_horizon)
-    except (TypeError, ValueError):
-        raise fail(f"--backlog-horizon must be a number, got {args.backlog_horizon!r}") from None
-    if not 0 <= horizon <= 10 * 365 * 86400:
-        raise fail(f"--backlog-horizon must be from 0 to ten years in seconds, got {horizon}")
-    args.backlog_horizon = horizon
+    for name, within, limits in _SECONDS:
+        flag = "--" + name.replace("_", "-")
+        value = getattr(args, name)
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            raise fail(f"{flag} must be a number, got {value!r}") from None
+        if not within(seconds):
+            raise fail(f"{flag} must be {limits}, got {seconds}")
+        setattr(args, name, seconds)
     console_flags.check(args, fail)
     if args.metrics_port and args.metrics_port == args.port and args.metrics_host == args.host:
         raise fail("--metrics-port must differ from --port: metrics are not served on the API")

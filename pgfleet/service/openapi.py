@@ -9,7 +9,7 @@ What the request schemas say comes from the request parser's own tables
 types, the query parameters) and from the library's limits (name pattern,
 priority and attempt ranges, job key length, statuses and key modes): an option
 added to the parser without a schema here makes :func:`openapi_document` fail,
-and ``tests/unit/test_openapi.py`` fails on a route served but not documented.
+and ``tests/unit/service/test_openapi.py`` fails on a route served but not documented.
 
 Standard library and pgfleet's own leaf modules only: no aiohttp.
 """

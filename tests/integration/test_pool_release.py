@@ -68,3 +68,11 @@ async def test_a_cancelled_query_leaves_a_working_pool(one: Pool) -> None:
         await one.execute("SELECT pg_sleep(30)", timeout=0.05)
     assert await one.fetchval("SELECT 1") == 1
     assert one.get_idle_size() == 1
+
+
+def test_this_asyncpg_has_the_internals_the_quick_release_relies_on() -> None:
+    # Without them every release silently takes asyncpg's slower path:
+    # `make test-asyncpg-range` runs this against both ends of the supported range.
+    from pgfleet.db import connect
+
+    assert connect._FAST_RELEASE

@@ -371,6 +371,7 @@ async def test_a_pipelined_round_on_a_connection_lost_in_the_same_turn_is_a_lost
     held = Held(await pool.acquire())
     held.conn.terminate()  # asyncpg cleans up at once: the proxy is detached now
     assert held.closed()
+    worker._claims.connection.held = held
     with pytest.raises(DatabaseUnavailable, match="closed before the round was sent"):
-        await worker._claims._send(held, [], 1, 1, [])
+        await worker._claims._send([], 1, 1, [])
     assert pool.get_size() - pool.get_idle_size() == 0  # the slot went back

@@ -221,7 +221,7 @@ class Console:
 
         return wrapped
 
-    async def _serve(
+    async def _serve(  # noqa: C901 - one except per error kind, each its page
         self, request: web.Request, handler: Handler, access: Access, *, action: bool
     ) -> web.StreamResponse:
         started = time.perf_counter()

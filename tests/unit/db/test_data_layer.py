@@ -15,7 +15,7 @@ from pgfleet import Job, JobStatus
 from pgfleet.db.translate import ROUND_COLUMNS, round_result
 from pgfleet.jobs import make_job
 
-PACKAGE = Path(__file__).resolve().parents[2] / "pgfleet"
+PACKAGE = Path(__file__).resolve().parents[3] / "pgfleet"
 
 #: asyncpg's statement-running methods, called on anything.
 CALL = re.compile(r"\.(fetch|fetchrow|fetchval|execute|executemany|copy_\w+)\(")

@@ -10,7 +10,7 @@ import pytest
 from pgfleet.db import Q
 from pgfleet.db.queries import Queries, parse
 
-PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "pgfleet"
+PACKAGE = pathlib.Path(__file__).resolve().parents[3] / "pgfleet"
 
 
 def test_parse_splits_named_blocks_with_shapes() -> None:

@@ -25,7 +25,7 @@ from pgfleet.service.credentials import (
 from pgfleet.service.guard import AllowedHosts, FailureBackoff, TrustedProxies, parse_networks
 from pgfleet.service.redaction import MASK, Redactor, parse_fields
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 STRONG = "Zq8v-3nKp_Wt7yLm2Rb9xHc4"
 
 
