@@ -15,7 +15,7 @@ from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet.db.deadlines import BoundedPool, Held
 from pgfleet.db.store import Store
-from pgfleet.db.translate import is_connection_error, round_result
+from pgfleet.db.translate import flow_pace, is_connection_error, round_result
 from pgfleet.db.types import Record
 from pgfleet.errors import DatabaseUnavailable
 from pgfleet.events import WorkerEvents
@@ -134,6 +134,7 @@ class ClaimLoop:
     async def run(self) -> None:
         held: Held | None = None
         idle = False
+        pace: float | None = None  # rate limits: poll at least this often (flow_pace)
         refused = 0
         executor = self._executor
         #: A round's answer not settled yet: under load, the next round goes out
@@ -163,7 +164,7 @@ class ClaimLoop:
                         await self._wait(executor.held_wait(self._hold))
                         continue
                     if idle:
-                        await self._wait(self._poll)
+                        await self._wait(self._poll if pace is None else min(self._poll, pace))
                         idle = False
                         continue
                 self._wake_event.clear()
@@ -214,6 +215,7 @@ class ClaimLoop:
                     continue
                 self._round_started = None
                 refused = 0
+                pace = flow_pace(rows)
                 if self._failures:
                     assert self._failing_since is not None
                     log.warning(

@@ -9,19 +9,21 @@
 -- ---------------------------------------------------------------- enqueue
 
 -- name: job_insert :exec
--- $9: the enqueue's trace context (JSON text), or NULL.
+-- $9: the enqueue's trace context (JSON text), or NULL; $10: the limit key.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context)
+                          trace_context, limit_key)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
-        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb);
+        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
+        $10::text);
 
 -- name: job_insert_notify :exec
 -- The wakeup rides in the RETURNING list: queued only if the row was inserted, and
 -- cheaper for Postgres to run than a data-modifying CTE around the insert.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context)
+                          trace_context, limit_key)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
-        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb)
+        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
+        $10::text)
 RETURNING pg_notify('pgfleet_jobs', '');
 
 -- name: job_insert_plain :exec
@@ -43,26 +45,27 @@ FROM ROWS FROM (unnest($1::uuid[]), unnest($2::text[]), jsonb_array_elements($3:
      AS t(id, name, payload);
 
 -- name: job_insert_many :exec
--- $9: the enqueue's trace context (JSON text) for every job, or NULL.
+-- $9: the enqueue's trace context (JSON text) for every job, or NULL; $10: limit keys.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context)
+                          trace_context, limit_key)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb, limit_key
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::timestamptz[], $8::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay);
+            $7::timestamptz[], $8::float8[], $10::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay, limit_key);
 
 -- name: job_insert_keyed_dedupe :many
--- $10 (all three keyed inserts): the enqueue's trace context, or NULL.
+-- $10 (all three keyed inserts): the enqueue's trace context, or NULL; $11: limit keys.
 -- Keeps an existing queued or running job with the same key; returns only the
 -- rows it inserted (the caller looks the others up by key).
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context)
+                          trace_context, limit_key)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::text[], $8::timestamptz[], $9::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
+            $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
+          limit_key)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
 RETURNING id, job_key;
 
@@ -70,32 +73,35 @@ RETURNING id, job_key;
 -- Overwrites a queued job with the same key, run_at included (debounce). A running
 -- job is left untouched and not returned.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context)
+                          trace_context, limit_key)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::text[], $8::timestamptz[], $9::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
+            $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
+          limit_key)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO UPDATE
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
-        run_at = EXCLUDED.run_at, trace_context = EXCLUDED.trace_context
+        run_at = EXCLUDED.run_at, trace_context = EXCLUDED.trace_context,
+        limit_key = EXCLUDED.limit_key
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
 -- name: job_insert_keyed_preserve_run_at :many
 -- Overwrites a queued job with the same key but keeps its run_at.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context)
+                          trace_context, limit_key)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::text[], $8::timestamptz[], $9::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
+            $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
+          limit_key)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO UPDATE
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
-        trace_context = EXCLUDED.trace_context
+        trace_context = EXCLUDED.trace_context, limit_key = EXCLUDED.limit_key
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
@@ -208,6 +214,156 @@ WITH doomed AS (
 )
 SELECT count(*) FROM deleted;
 
+-- ---------------------------------------------------------------- flow control
+
+-- name: limits_set :one
+-- An operator's limits for job name $1 (a pause on it is kept). The running jobs
+-- of the name count against it from now on (claim_flow counts flagged rows).
+WITH upsert AS (
+    INSERT INTO pgfleet.limits AS l (name, concurrency, rate, per, per_key, source)
+    VALUES ($1::text, $2::integer, $3::integer, $4::float8, $5::boolean, 'operator')
+    ON CONFLICT (name) DO UPDATE
+        SET concurrency = EXCLUDED.concurrency, rate = EXCLUDED.rate, per = EXCLUDED.per,
+            per_key = EXCLUDED.per_key, source = 'operator', updated_at = now()
+    RETURNING l.*
+), flagged AS (
+    UPDATE pgfleet.jobs j SET limited = true
+    WHERE j.status = 'running' AND j.name = $1::text AND NOT j.limited
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '')
+)
+SELECT u.*, (SELECT count(*) FROM wake) AS woken FROM upsert u;
+
+-- name: limits_set_default :one
+-- A limit declared in code (Registry.job) for job name $1: written when no
+-- operator value exists (a row holding only a pause has none). Returns the stored
+-- row and whether this call wrote it.
+WITH written AS (
+    INSERT INTO pgfleet.limits AS l (name, concurrency, rate, per, per_key, source)
+    VALUES ($1::text, $2::integer, $3::integer, $4::float8, $5::boolean, 'code')
+    ON CONFLICT (name) DO UPDATE
+        SET concurrency = EXCLUDED.concurrency, rate = EXCLUDED.rate, per = EXCLUDED.per,
+            per_key = EXCLUDED.per_key, source = 'code', updated_at = now()
+        WHERE (l.source = 'code' OR (l.concurrency IS NULL AND l.rate IS NULL))
+          AND (l.concurrency, l.rate, l.per, l.per_key, l.source)
+              IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.rate, EXCLUDED.per,
+                                EXCLUDED.per_key, 'code')
+    RETURNING l.*
+), flagged AS (
+    UPDATE pgfleet.jobs j SET limited = true
+    WHERE EXISTS (SELECT 1 FROM written)
+      AND j.status = 'running' AND j.name = $1::text AND NOT j.limited
+)
+SELECT w.*, true AS wrote FROM written w
+UNION ALL
+SELECT l.*, false FROM pgfleet.limits l
+WHERE l.name = $1::text AND NOT EXISTS (SELECT 1 FROM written);
+
+-- name: limits_clear :val
+-- Removes job name $1's limits (a pause on it stays); true when there were some.
+WITH dropped AS (
+    DELETE FROM pgfleet.limits
+    WHERE name = $1::text AND paused_at IS NULL
+    RETURNING 1
+), kept AS (
+    UPDATE pgfleet.limits SET concurrency = NULL, rate = NULL, per_key = false,
+                              source = 'operator', updated_at = now()
+    WHERE name = $1::text AND paused_at IS NOT NULL
+      AND (concurrency IS NOT NULL OR rate IS NOT NULL)
+    RETURNING 1
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '') FROM (SELECT 1 FROM dropped UNION ALL SELECT 1 FROM kept) x
+    LIMIT 1
+)
+SELECT EXISTS (SELECT 1 FROM dropped) OR EXISTS (SELECT 1 FROM kept)
+       OR (SELECT count(*) FROM wake) < 0;
+
+-- name: limits_list :many
+SELECT name, concurrency, rate, per, per_key, source, paused_at, updated_at
+FROM pgfleet.limits ORDER BY name;
+
+-- name: pause_name :val
+-- Nothing new of job name $1 starts; returns when it was paused (the first pause).
+INSERT INTO pgfleet.limits AS l (name, paused_at) VALUES ($1::text, now())
+ON CONFLICT (name) DO UPDATE SET paused_at = COALESCE(l.paused_at, now()), updated_at = now()
+RETURNING l.paused_at;
+
+-- name: pause_queue :val
+INSERT INTO pgfleet.queue_pauses AS q (queue_name) VALUES ($1::text)
+ON CONFLICT (queue_name) DO UPDATE SET paused_at = q.paused_at
+RETURNING q.paused_at;
+
+-- name: resume_name :val
+-- True when job name $1 was paused. A row that held only the pause goes.
+WITH dropped AS (
+    DELETE FROM pgfleet.limits
+    WHERE name = $1::text AND paused_at IS NOT NULL AND concurrency IS NULL AND rate IS NULL
+    RETURNING 1
+), kept AS (
+    UPDATE pgfleet.limits SET paused_at = NULL, updated_at = now()
+    WHERE name = $1::text AND paused_at IS NOT NULL
+      AND (concurrency IS NOT NULL OR rate IS NOT NULL)
+    RETURNING 1
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '') FROM (SELECT 1 FROM dropped UNION ALL SELECT 1 FROM kept) x
+    LIMIT 1
+)
+SELECT EXISTS (SELECT 1 FROM dropped) OR EXISTS (SELECT 1 FROM kept)
+       OR (SELECT count(*) FROM wake) < 0;
+
+-- name: resume_queue :val
+WITH dropped AS (
+    DELETE FROM pgfleet.queue_pauses WHERE queue_name = $1::text RETURNING 1
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '') FROM dropped
+)
+SELECT EXISTS (SELECT 1 FROM dropped) OR (SELECT count(*) FROM wake) < 0;
+
+-- name: paused_list :many
+SELECT 'name' AS kind, name, paused_at FROM pgfleet.limits WHERE paused_at IS NOT NULL
+UNION ALL
+SELECT 'queue', queue_name, paused_at FROM pgfleet.queue_pauses
+ORDER BY 1, 2;
+
+-- name: jobs_waiting_on_limit :many
+-- Due queued jobs that wait on flow control, by job name and reason: 'paused'
+-- (the name or its queue is paused), 'concurrency' (the name is at its concurrency
+-- limit), 'rate' (at its rate limit). Per-key limits count a name's whole backlog
+-- under the reason when any key is at its limit.
+WITH due AS (
+    SELECT j.name, j.queue_name, count(*) AS n FROM pgfleet.jobs j
+    WHERE j.status = 'queued' AND j.run_at <= now()
+      AND (j.name IN (SELECT l.name FROM pgfleet.limits l)
+           OR j.queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q))
+    GROUP BY j.name, j.queue_name
+), state AS (
+    SELECT l.name, l.paused_at IS NOT NULL AS paused,
+           l.concurrency IS NOT NULL AND EXISTS (
+               SELECT 1 FROM pgfleet.jobs r
+               WHERE r.status = 'running' AND r.limited AND r.name = l.name
+               GROUP BY CASE WHEN l.per_key THEN r.limit_key END
+               HAVING count(*) >= l.concurrency) AS at_concurrency,
+           l.rate IS NOT NULL AND EXISTS (
+               SELECT 1 FROM pgfleet.limit_starts s
+               WHERE s.name = l.name AND s.started_at > now() - make_interval(secs => l.per)
+               GROUP BY CASE WHEN l.per_key THEN s.limit_key END
+               HAVING count(*) >= l.rate) AS at_rate
+    FROM pgfleet.limits l
+)
+SELECT w.name, w.reason, sum(w.n)::bigint AS n FROM (
+    SELECT d.name,
+           CASE WHEN COALESCE(s.paused, false)
+                     OR d.queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
+                THEN 'paused'
+                WHEN s.at_concurrency THEN 'concurrency'
+                WHEN s.at_rate THEN 'rate' END AS reason,
+           d.n
+    FROM due d LEFT JOIN state s USING (name)
+) w
+WHERE w.reason IS NOT NULL
+GROUP BY w.name, w.reason
+ORDER BY w.name, w.reason;
+
 -- ---------------------------------------------------------------- workers
 
 -- name: worker_list :many
@@ -277,7 +433,7 @@ WITH outcome AS (
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
-    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted') AS frees
+    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted' OR j.limited) AS frees
 ), marked AS (
     -- Runs whether or not the query reads it (it modifies data). Most rounds mark
     -- nothing: the cardinality test is a one-time filter that then skips the scan
@@ -289,6 +445,22 @@ WITH outcome AS (
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
     SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
+), flow AS MATERIALIZED (
+    -- Flow control (0006): names with a limit or keyed jobs are claimed by
+    -- claim_flow, only for free slots (never held ahead). The one-time filter skips
+    -- the call when neither exists: two probes of empty indexes on the fast path.
+    SELECT f.* FROM pgfleet.claim_flow($6, $7::text[], $8::text[], $10) f
+    WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
+       OR EXISTS (SELECT 1 FROM pgfleet.jobs k
+                  WHERE k.status = 'queued' AND k.limit_key IS NOT NULL
+                    AND k.name = ANY($7::text[]))
+), held_back AS MATERIALIZED (
+    -- Names the fast path leaves alone (limited or paused), and paused queues.
+    SELECT ARRAY (SELECT l.name FROM pgfleet.limits l) AS names,
+           ARRAY (SELECT q.queue_name FROM pgfleet.queue_pauses q
+                  UNION ALL SELECT f.queue_name FROM flow f WHERE f.queue_name IS NOT NULL)
+               AS queues,
+           (SELECT count(*) FROM flow)::integer AS taken
 ), pick AS MATERIALIZED (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
@@ -301,7 +473,10 @@ WITH outcome AS (
         WHERE c.status = 'queued' AND c.run_at <= now()
           AND c.name = ANY($7::text[])
           AND ($8::text[] IS NULL OR c.queue_name = ANY($8::text[]))
+          AND c.limit_key IS NULL
+          AND c.name <> ALL ((SELECT h.names FROM held_back h)::text[])
           AND (c.queue_name IS NULL OR (
+                c.queue_name <> ALL ((SELECT h.queues FROM held_back h)::text[]) AND
                 (SELECT r.id FROM pgfleet.jobs r
                  WHERE r.queue_name = c.queue_name AND r.status = 'running'
                  LIMIT 1) IS NULL
@@ -311,13 +486,14 @@ WITH outcome AS (
                             ORDER BY h.priority, h.run_at, h.id
                             LIMIT 1)))
         ORDER BY c.priority, c.run_at, c.id
-        LIMIT $9
+        LIMIT greatest($9 - (SELECT h.taken FROM held_back h), 0)
         FOR UPDATE SKIP LOCKED
     ) AS ids
 ), claimed AS (
     UPDATE pgfleet.jobs j
     SET status = 'running', attempt = j.attempt + 1,
-        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10] FROM pick p)::uuid[])
+        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10 - h.taken]
+                                            FROM pick p, held_back h)::uuid[])
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
     WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
@@ -337,7 +513,22 @@ SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.m
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
        c.lock_token, c.trace_context::text
-FROM claimed c;
+FROM claimed c
+UNION ALL
+-- The pace of this worker's rate-limited names (a twentieth of the shortest window,
+-- in run_at): the loop polls at least that often while a rate holds jobs back, so
+-- starts follow the window instead of the poll interval.
+SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       min(l.per) / 20, NULL, NULL, NULL, NULL, NULL
+FROM pgfleet.limits l
+WHERE l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
+HAVING count(*) > 0
+UNION ALL
+SELECT true, false, f.id, f.name, f.payload::text, f.attempt, f.max_attempts,
+       f.priority, f.queue_name, f.job_key, date_part('epoch', f.run_at),
+       date_part('epoch', f.created_at), date_part('epoch', f.started_at), f.last_error,
+       f.lock_token, f.trace_context::text
+FROM flow f;
 
 -- name: worker_heartbeat :one
 -- Registers or refreshes this worker (renewing every lock it holds), and takes or

@@ -208,6 +208,15 @@ ROUND_COLUMNS = (
 )  # fmt: skip
 
 
+def flow_pace(rows: Sequence[Record]) -> float | None:
+    """The seconds a claim round asks the loop to poll within while rate limits of
+    its names hold jobs back (its row without an id), or None."""
+    for row in reversed(rows):
+        if not row[0] and row[2] is None:
+            return max(0.01, float(row[10]))
+    return None
+
+
 def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], list[Job], set[UUID]]:
     """What a ``job_complete_and_claim`` round returned: the jobs claimed to start
     now, those claimed to be held ahead (in claim order: priority, run_at, id), and
@@ -224,7 +233,7 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
         if row[0]:
             claimed.append(row)
             payloads.append(row[4])
-        else:
+        elif row[2] is not None:  # (a pace row has no id: see flow_pace)
             applied.add(row[2])
     if not claimed:
         return [], [], applied

@@ -1,0 +1,254 @@
+-- pgfleet 0006: flow control. Concurrency and rate limits per job name (for the
+-- whole name or for each limit key), fair turns between the keys of a name, and
+-- pauses of job names and named queues. Names without a limit, a pause or keyed
+-- jobs stay on the claim's fast path; the others are claimed by
+-- pgfleet.claim_flow() below, under a lock on the name's row.
+
+-- The key a job's limits and turns count it under (a tenant, an account).
+ALTER TABLE pgfleet.jobs ADD COLUMN limit_key text
+    CHECK (char_length(limit_key) BETWEEN 1 AND 512);
+-- Set by claim_flow on the jobs it claims (and by set_limits on the running jobs of
+-- a name it limits): the running jobs a limit counts. Fast-path claims never enter
+-- the index below, so it costs unlimited names nothing.
+ALTER TABLE pgfleet.jobs ADD COLUMN limited boolean NOT NULL DEFAULT false;
+
+CREATE INDEX jobs_limited_running ON pgfleet.jobs (name, limit_key)
+    WHERE status = 'running' AND limited;
+-- The keys of a name with queued jobs, walked in turn, and each key's head.
+CREATE INDEX jobs_keyed_queued ON pgfleet.jobs (name, limit_key, priority, run_at, id)
+    WHERE status = 'queued' AND limit_key IS NOT NULL;
+
+-- One row per job name with a limit or a pause. source: 'code' (a default declared
+-- with Registry.job, rewritten by workers) or 'operator' (never overwritten by code).
+CREATE TABLE pgfleet.limits (
+    name        text        PRIMARY KEY CHECK (char_length(name) BETWEEN 1 AND 128),
+    concurrency integer     CHECK (concurrency BETWEEN 1 AND 1000000),
+    rate        integer     CHECK (rate BETWEEN 1 AND 1000000),
+    per         float8      NOT NULL DEFAULT 1 CHECK (per >= 0.001 AND per <= 86400),
+    per_key     boolean     NOT NULL DEFAULT false,
+    source      text        NOT NULL DEFAULT 'operator' CHECK (source IN ('code', 'operator')),
+    paused_at   timestamptz,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    CONSTRAINT limits_something CHECK (concurrency IS NOT NULL OR rate IS NOT NULL
+                                       OR paused_at IS NOT NULL)
+);
+
+-- Paused named queues.
+CREATE TABLE pgfleet.queue_pauses (
+    queue_name text        PRIMARY KEY CHECK (char_length(queue_name) BETWEEN 1 AND 128),
+    paused_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- A name's turn state: the last key served (turns carry across rounds) and the row
+-- whose lock serialises the claims of the name fleet-wide.
+CREATE TABLE pgfleet.flow_turns (
+    name     text PRIMARY KEY,
+    last_key text
+);
+
+-- Attempt starts of rate-limited names, kept for the longest window.
+CREATE TABLE pgfleet.limit_starts (
+    name       text        NOT NULL,
+    limit_key  text,
+    started_at timestamptz NOT NULL
+);
+CREATE INDEX limit_starts_window ON pgfleet.limit_starts (name, limit_key, started_at);
+
+-- Claims up to p_n jobs to start now for worker p_worker among the job names
+-- p_names (and named queues p_queues, NULL: any) that are limited or have keyed
+-- jobs. Each name's turn row is locked (SKIP LOCKED: a name another worker is
+-- claiming right now waits for the next round, so a hung connection holding it
+-- blocks nobody); every statement after the lock takes a fresh snapshot, so the
+-- running jobs and starts it counts include every claim committed before. Keys are
+-- served one job at a time in key order from the key after the last one served,
+-- wrapping round; jobs without a key take one turn at each wrap.
+CREATE FUNCTION pgfleet.claim_flow(p_worker uuid, p_names text[], p_queues text[], p_n integer)
+RETURNS SETOF pgfleet.jobs
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    f record;
+    budget integer := p_n;
+    cap integer;
+    got integer;
+    cur text;
+    k text;
+    progress boolean;
+    any_keys boolean;
+    ts timestamptz;
+    nrun bigint;
+    nstart bigint;
+    want integer;
+BEGIN
+    IF budget <= 0 THEN
+        RETURN;
+    END IF;
+    -- Names in play: limited and not paused, or unlimited with due keyed jobs.
+    INSERT INTO pgfleet.flow_turns (name)
+    SELECT n FROM unnest(p_names) AS n
+    WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = n AND l.paused_at IS NULL)
+       OR (NOT EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = n)
+           AND EXISTS (SELECT 1 FROM pgfleet.jobs j
+                       WHERE j.status = 'queued' AND j.limit_key IS NOT NULL AND j.name = n
+                         AND j.run_at <= now()))
+    ON CONFLICT (name) DO NOTHING;
+    FOR f IN
+        SELECT t.name, t.last_key, l.concurrency, l.rate, l.per, COALESCE(l.per_key, false) AS per_key
+        FROM pgfleet.flow_turns t LEFT JOIN pgfleet.limits l ON l.name = t.name
+        WHERE t.name = ANY (p_names) AND (l.name IS NULL OR l.paused_at IS NULL)
+        -- A random order: no name takes every free slot round after round.
+        ORDER BY random()
+        FOR UPDATE OF t SKIP LOCKED
+    LOOP
+        EXIT WHEN budget <= 0;
+        -- Re-read under the lock (a fresh snapshot): pause or change since.
+        SELECT l.concurrency, l.rate, l.per, l.per_key, l.paused_at IS NOT NULL AS paused
+        INTO f.concurrency, f.rate, f.per, f.per_key, progress
+        FROM pgfleet.limits l WHERE l.name = f.name;
+        IF FOUND AND progress THEN
+            CONTINUE;
+        END IF;
+        IF NOT FOUND THEN
+            f.concurrency := NULL; f.rate := NULL; f.per_key := false;
+        END IF;
+        ts := clock_timestamp();
+        cap := budget;
+        IF f.rate IS NOT NULL THEN
+            DELETE FROM pgfleet.limit_starts s
+            WHERE s.name = f.name AND s.started_at <= ts - make_interval(secs => f.per);
+        END IF;
+        IF NOT f.per_key THEN
+            IF f.concurrency IS NOT NULL THEN
+                SELECT count(*) INTO nrun FROM pgfleet.jobs r
+                WHERE r.status = 'running' AND r.limited AND r.name = f.name;
+                cap := least(cap, f.concurrency - nrun);
+            END IF;
+            IF f.rate IS NOT NULL THEN
+                SELECT count(*) INTO nstart FROM pgfleet.limit_starts s
+                WHERE s.name = f.name AND s.started_at > ts - make_interval(secs => f.per);
+                cap := least(cap, f.rate - nstart);
+            END IF;
+        END IF;
+        CONTINUE WHEN cap <= 0;
+        got := 0;
+        cur := f.last_key;
+        SELECT EXISTS (SELECT 1 FROM pgfleet.jobs j
+                       WHERE j.status = 'queued' AND j.limit_key IS NOT NULL AND j.name = f.name)
+        INTO any_keys;
+        progress := true;
+        LOOP
+            EXIT WHEN got >= cap;
+            k := NULL;
+            IF any_keys THEN
+                SELECT j.limit_key INTO k FROM pgfleet.jobs j
+                WHERE j.status = 'queued' AND j.limit_key IS NOT NULL AND j.name = f.name
+                  AND (cur IS NULL OR j.limit_key > cur)
+                ORDER BY j.limit_key LIMIT 1;
+            END IF;
+            IF k IS NULL THEN
+                -- A wrap: the jobs without a key take their turn (all of what is
+                -- left when the name has no keyed jobs), then the keys start over.
+                EXIT WHEN NOT progress;
+                progress := false;
+                cur := NULL;
+                want := CASE WHEN any_keys THEN 1 ELSE cap - got END;
+                IF f.per_key THEN
+                    -- The jobs without a key are one key of their own.
+                    IF f.concurrency IS NOT NULL THEN
+                        SELECT count(*) INTO nrun FROM pgfleet.jobs r
+                        WHERE r.status = 'running' AND r.limited AND r.name = f.name
+                          AND r.limit_key IS NULL;
+                        want := least(want, f.concurrency - nrun);
+                    END IF;
+                    IF f.rate IS NOT NULL THEN
+                        SELECT count(*) INTO nstart FROM pgfleet.limit_starts s
+                        WHERE s.name = f.name AND s.limit_key IS NULL
+                          AND s.started_at > ts - make_interval(secs => f.per);
+                        want := least(want, f.rate - nstart);
+                    END IF;
+                    CONTINUE WHEN want <= 0;
+                END IF;
+                RETURN QUERY
+                WITH pick AS (
+                    SELECT c.id FROM pgfleet.jobs c
+                    WHERE c.status = 'queued' AND c.name = f.name AND c.limit_key IS NULL
+                      AND c.run_at <= now()
+                      AND (p_queues IS NULL OR c.queue_name = ANY (p_queues))
+                      AND (c.queue_name IS NULL OR (
+                            NOT EXISTS (SELECT 1 FROM pgfleet.queue_pauses qp
+                                        WHERE qp.queue_name = c.queue_name)
+                            AND NOT EXISTS (SELECT 1 FROM pgfleet.jobs r
+                                            WHERE r.queue_name = c.queue_name
+                                              AND r.status = 'running')))
+                    ORDER BY c.priority, c.run_at, c.id
+                    LIMIT CASE WHEN want > 1 THEN want ELSE 1 END
+                    FOR UPDATE SKIP LOCKED
+                ), claimed AS (
+                    UPDATE pgfleet.jobs j
+                    SET status = 'running', attempt = j.attempt + 1, started_at = ts,
+                        locked_by = p_worker, lock_token = gen_random_uuid(), limited = true
+                    FROM pick WHERE j.id = pick.id
+                    RETURNING j.*
+                ), counted AS (
+                    INSERT INTO pgfleet.limit_starts (name, limit_key, started_at)
+                    SELECT c.name, c.limit_key, ts FROM claimed c WHERE f.rate IS NOT NULL
+                )
+                SELECT * FROM claimed;
+                GET DIAGNOSTICS nrun = ROW_COUNT;
+                IF nrun > 0 THEN
+                    got := got + nrun::integer;
+                    progress := true;
+                END IF;
+                CONTINUE;
+            END IF;
+            cur := k;
+            IF f.per_key THEN
+                IF f.concurrency IS NOT NULL THEN
+                    SELECT count(*) INTO nrun FROM pgfleet.jobs r
+                    WHERE r.status = 'running' AND r.limited AND r.name = f.name
+                      AND r.limit_key = k;
+                    CONTINUE WHEN nrun >= f.concurrency;
+                END IF;
+                IF f.rate IS NOT NULL THEN
+                    SELECT count(*) INTO nstart FROM pgfleet.limit_starts s
+                    WHERE s.name = f.name AND s.limit_key = k
+                      AND s.started_at > ts - make_interval(secs => f.per);
+                    CONTINUE WHEN nstart >= f.rate;
+                END IF;
+            END IF;
+            RETURN QUERY
+            WITH pick AS (
+                SELECT c.id FROM pgfleet.jobs c
+                WHERE c.status = 'queued' AND c.name = f.name AND c.limit_key = k
+                  AND c.run_at <= now()
+                  AND (p_queues IS NULL OR c.queue_name = ANY (p_queues))
+                  AND (c.queue_name IS NULL OR (
+                        NOT EXISTS (SELECT 1 FROM pgfleet.queue_pauses qp
+                                    WHERE qp.queue_name = c.queue_name)
+                        AND NOT EXISTS (SELECT 1 FROM pgfleet.jobs r
+                                        WHERE r.queue_name = c.queue_name
+                                          AND r.status = 'running')))
+                ORDER BY c.priority, c.run_at, c.id
+                LIMIT 1
+                FOR UPDATE SKIP LOCKED
+            ), claimed AS (
+                UPDATE pgfleet.jobs j
+                SET status = 'running', attempt = j.attempt + 1, started_at = ts,
+                    locked_by = p_worker, lock_token = gen_random_uuid(), limited = true
+                FROM pick WHERE j.id = pick.id
+                RETURNING j.*
+            ), counted AS (
+                INSERT INTO pgfleet.limit_starts (name, limit_key, started_at)
+                SELECT c.name, c.limit_key, ts FROM claimed c WHERE f.rate IS NOT NULL
+            )
+            SELECT * FROM claimed;
+            GET DIAGNOSTICS nrun = ROW_COUNT;
+            IF nrun > 0 THEN
+                got := got + 1;
+                progress := true;
+            END IF;
+        END LOOP;
+        UPDATE pgfleet.flow_turns SET last_key = cur WHERE name = f.name;
+        budget := budget - got;
+    END LOOP;
+END;
+$fn$;

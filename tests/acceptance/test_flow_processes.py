@@ -1,0 +1,104 @@
+"""Flow control across real `pgfleet worker` processes: the limits hold for the
+whole fleet, measured from outside the workers (handlers write their entry and
+exit to ``public.executions``; attempt starts are the jobs' ``started_at``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from pgfleet import EnqueueOptions, EnqueueRequest, Queue
+from tests.apps import runtime_app
+from tests.procs import eventually, processes, start_worker
+
+pytestmark = pytest.mark.slow
+
+LIVENESS = ("--heartbeat-interval", "0.5", "--dead-worker-timeout", "2", "--poll-interval", "0.2")
+
+#: The most executions of a name (and of a key, when given) in progress at once,
+#: from the handlers' entry and exit times.
+PEAK = """
+SELECT COALESCE(max(n), 0) FROM (
+    SELECT (SELECT count(*) FROM public.executions e2 JOIN pgfleet.jobs j2 ON j2.id = e2.job_id
+            WHERE e2.name = $1 AND e2.started_at <= e1.started_at
+              AND (e2.finished_at IS NULL OR e2.finished_at > e1.started_at)
+              AND ($2::boolean IS false OR j2.limit_key IS NOT DISTINCT FROM j1.limit_key)) AS n
+    FROM public.executions e1 JOIN pgfleet.jobs j1 ON j1.id = e1.job_id
+    WHERE e1.name = $1
+) peaks
+"""
+
+
+async def _done(pool: asyncpg.Pool, name: str, want: int) -> bool:
+    n = await pool.fetchval(
+        "SELECT count(*) FROM pgfleet.jobs WHERE name = $1 AND status = 'succeeded'", name
+    )
+    return int(n) == want
+
+
+async def _fleet(database: str, tmp_path: Path, n: int = 3) -> list[object]:
+    return [
+        await start_worker(database, tmp_path, "--concurrency", "16", *LIVENESS, name=f"w{i}")
+        for i in range(n)
+    ]
+
+
+async def test_a_concurrency_limit_of_five_holds_across_three_processes_of_16_slots(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    await runtime_app.ensure_schema(pool)
+    queue = Queue(pool)
+    await queue.set_limits("serial", concurrency=5)
+    await queue.enqueue_many([EnqueueRequest("serial", {"ms": 40}) for _ in range(150)])
+    workers = await _fleet(database, tmp_path)
+    async with processes(*workers):  # type: ignore[arg-type]
+        await eventually(lambda: _done(pool, "serial", 150), timeout=180, what="150 jobs")
+    assert await pool.fetchval(PEAK, "serial", False) == 5
+    pids = await pool.fetchval("SELECT count(DISTINCT pid) FROM public.executions")
+    assert pids >= 2  # the limit was shared, not one process's
+
+
+async def test_a_rate_of_50_per_second_holds_in_every_window_and_over_the_run(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    await runtime_app.ensure_schema(pool)
+    queue = Queue(pool)
+    await queue.set_limits("record", rate=50, per=1)
+    total = 300
+    await queue.enqueue_many([EnqueueRequest("record", {"i": i}) for i in range(total)])
+    workers = await _fleet(database, tmp_path)
+    async with processes(*workers):  # type: ignore[arg-type]
+        await eventually(lambda: _done(pool, "record", total), timeout=180, what="300 jobs")
+    # Every window of one second that opens at an attempt start holds at most 50.
+    busiest = await pool.fetchval(
+        """SELECT max((SELECT count(*) FROM pgfleet.jobs j2 WHERE j2.name = 'record'
+                        AND j2.started_at >= j1.started_at
+                        AND j2.started_at < j1.started_at + interval '1 second'))
+           FROM pgfleet.jobs j1 WHERE j1.name = 'record'"""
+    )
+    assert busiest == 50
+    span = await pool.fetchval(
+        "SELECT extract(epoch FROM max(started_at) - min(started_at))::float8 "
+        "FROM pgfleet.jobs WHERE name = 'record'"
+    )
+    # The first 50 start at once; the other 250 follow at the rate.
+    assert 45 <= (total - 50) / span <= 55, span
+
+
+async def test_a_per_key_concurrency_limit_holds_for_each_key_across_processes(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    await runtime_app.ensure_schema(pool)
+    queue = Queue(pool)
+    await queue.set_limits("serial", concurrency=2, per_key=True)
+    for key in ("a", "b", "c", "d"):
+        await queue.enqueue_many(
+            [EnqueueRequest("serial", {"ms": 40}, EnqueueOptions(limit_key=key)) for _ in range(25)]
+        )
+    workers = await _fleet(database, tmp_path)
+    async with processes(*workers):  # type: ignore[arg-type]
+        await eventually(lambda: _done(pool, "serial", 100), timeout=180, what="100 jobs")
+    assert await pool.fetchval(PEAK, "serial", True) == 2
+    assert await pool.fetchval(PEAK, "serial", False) >= 5  # keys ran side by side
