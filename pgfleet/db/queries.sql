@@ -11,45 +11,51 @@
 -- name: job_insert :exec
 -- $9: the enqueue's trace context (JSON text), or NULL; $10: the limit key.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context, limit_key)
+                          trace_context, limit_key, limited)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
         COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
-        $10::text);
+        $10::text,
+        $10::text IS NOT NULL OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text));
 
 -- name: job_insert_notify :exec
 -- The wakeup rides in the RETURNING list: queued only if the row was inserted, and
 -- cheaper for Postgres to run than a data-modifying CTE around the insert.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context, limit_key)
+                          trace_context, limit_key, limited)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
         COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
-        $10::text)
+        $10::text,
+        $10::text IS NOT NULL OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text))
 RETURNING pg_notify('pgfleet_jobs', '');
 
 -- name: job_insert_plain :exec
 -- The common single enqueue: default options, so only four parameters travel.
-INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-VALUES ($1, $2::text, $3::text::jsonb, $4::integer);
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited)
+VALUES ($1, $2::text, $3::text::jsonb, $4::integer,
+        EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text));
 
 -- name: job_insert_plain_notify :exec
-INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-VALUES ($1, $2::text, $3::text::jsonb, $4::integer)
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited)
+VALUES ($1, $2::text, $3::text::jsonb, $4::integer,
+        EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text))
 RETURNING pg_notify('pgfleet_jobs', '');
 
 -- name: job_insert_many_plain :exec
 -- The common batch: default options for every job. Payloads arrive as one JSON
 -- array (one encode call on the client, one parse here), zipped to the ids and names.
-INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-SELECT id, name, payload, $4::integer
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited)
+SELECT id, name, payload, $4::integer,
+       name IN (SELECT l.name FROM pgfleet.limits l)
 FROM ROWS FROM (unnest($1::uuid[]), unnest($2::text[]), jsonb_array_elements($3::text::jsonb))
      AS t(id, name, payload);
 
 -- name: job_insert_many :exec
 -- $9: the enqueue's trace context (JSON text) for every job, or NULL; $10: limit keys.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context, limit_key)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb, limit_key
+       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::timestamptz[], $8::float8[], $10::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay, limit_key);
@@ -59,9 +65,10 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $
 -- Keeps an existing queued or running job with the same key; returns only the
 -- rows it inserted (the caller looks the others up by key).
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context, limit_key)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
@@ -73,9 +80,10 @@ RETURNING id, job_key;
 -- Overwrites a queued job with the same key, run_at included (debounce). A running
 -- job is left untouched and not returned.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context, limit_key)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
@@ -84,16 +92,17 @@ ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'runnin
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
         run_at = EXCLUDED.run_at, trace_context = EXCLUDED.trace_context,
-        limit_key = EXCLUDED.limit_key
+        limit_key = EXCLUDED.limit_key, limited = EXCLUDED.limited
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
 -- name: job_insert_keyed_preserve_run_at :many
 -- Overwrites a queued job with the same key but keeps its run_at.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context, limit_key)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
@@ -101,7 +110,8 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO UPDATE
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
-        trace_context = EXCLUDED.trace_context, limit_key = EXCLUDED.limit_key
+        trace_context = EXCLUDED.trace_context, limit_key = EXCLUDED.limit_key,
+        limited = EXCLUDED.limited
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
@@ -228,7 +238,7 @@ WITH upsert AS (
     RETURNING l.*
 ), flagged AS (
     UPDATE pgfleet.jobs j SET limited = true
-    WHERE j.status = 'running' AND j.name = $1::text AND NOT j.limited
+    WHERE j.status IN ('queued', 'running') AND j.name = $1::text AND NOT j.limited
 ), wake AS (
     SELECT pg_notify('pgfleet_jobs', '')
 )
@@ -252,7 +262,7 @@ WITH written AS (
 ), flagged AS (
     UPDATE pgfleet.jobs j SET limited = true
     WHERE EXISTS (SELECT 1 FROM written)
-      AND j.status = 'running' AND j.name = $1::text AND NOT j.limited
+      AND j.status IN ('queued', 'running') AND j.name = $1::text AND NOT j.limited
 )
 SELECT w.*, true AS wrote FROM written w
 UNION ALL
@@ -284,9 +294,17 @@ FROM pgfleet.limits ORDER BY name;
 
 -- name: pause_name :val
 -- Nothing new of job name $1 starts; returns when it was paused (the first pause).
-INSERT INTO pgfleet.limits AS l (name, paused_at) VALUES ($1::text, now())
-ON CONFLICT (name) DO UPDATE SET paused_at = COALESCE(l.paused_at, now()), updated_at = now()
-RETURNING l.paused_at;
+-- Its queued jobs move under flow control (off the fast path's index).
+WITH paused AS (
+    INSERT INTO pgfleet.limits AS l (name, paused_at) VALUES ($1::text, now())
+    ON CONFLICT (name) DO UPDATE SET paused_at = COALESCE(l.paused_at, now()),
+                                     updated_at = now()
+    RETURNING l.paused_at
+), flagged AS (
+    UPDATE pgfleet.jobs j SET limited = true
+    WHERE j.status IN ('queued', 'running') AND j.name = $1::text AND NOT j.limited
+)
+SELECT paused_at FROM paused;
 
 -- name: pause_queue :val
 INSERT INTO pgfleet.queue_pauses AS q (queue_name) VALUES ($1::text)
@@ -447,20 +465,22 @@ WITH outcome AS (
     SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
 ), flow AS MATERIALIZED (
     -- Flow control (0006): names with a limit or keyed jobs are claimed by
-    -- claim_flow, only for free slots (never held ahead). The one-time filter skips
-    -- the call when neither exists: two probes of empty indexes on the fast path.
-    SELECT f.* FROM pgfleet.claim_flow($6, $7::text[], $8::text[], $10) f
+    -- claim_flow first (a rate-limited name's only to start now, never held
+    -- ahead). The one-time filter skips the call when neither exists: two probes
+    -- of empty indexes on the fast path.
+    SELECT f.* FROM pgfleet.claim_flow($6, $7::text[], $8::text[], $9, $10) f
     WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
        OR EXISTS (SELECT 1 FROM pgfleet.jobs k
-                  WHERE k.status = 'queued' AND k.limit_key IS NOT NULL
-                    AND k.name = ANY($7::text[]))
+                  WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]))
 ), held_back AS MATERIALIZED (
-    -- Names the fast path leaves alone (limited or paused), and paused queues.
-    SELECT ARRAY (SELECT l.name FROM pgfleet.limits l) AS names,
+    -- What the fast path leaves alone besides flagged jobs: paused names (a job
+    -- enqueued as the pause began may be unflagged) and paused queues.
+    SELECT ARRAY (SELECT l.name FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL) AS names,
            ARRAY (SELECT q.queue_name FROM pgfleet.queue_pauses q
                   UNION ALL SELECT f.queue_name FROM flow f WHERE f.queue_name IS NOT NULL)
                AS queues,
-           (SELECT count(*) FROM flow)::integer AS taken
+           (SELECT count(*) FROM flow)::integer AS taken,
+           (SELECT count(*) FROM flow f WHERE f.started_at IS NOT NULL)::integer AS started
 ), pick AS MATERIALIZED (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
@@ -473,7 +493,7 @@ WITH outcome AS (
         WHERE c.status = 'queued' AND c.run_at <= now()
           AND c.name = ANY($7::text[])
           AND ($8::text[] IS NULL OR c.queue_name = ANY($8::text[]))
-          AND c.limit_key IS NULL
+          AND NOT c.limited
           AND c.name <> ALL ((SELECT h.names FROM held_back h)::text[])
           AND (c.queue_name IS NULL OR (
                 c.queue_name <> ALL ((SELECT h.queues FROM held_back h)::text[]) AND
@@ -492,7 +512,7 @@ WITH outcome AS (
 ), claimed AS (
     UPDATE pgfleet.jobs j
     SET status = 'running', attempt = j.attempt + 1,
-        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10 - h.taken]
+        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10 - h.started]
                                             FROM pick p, held_back h)::uuid[])
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
@@ -515,18 +535,34 @@ SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.m
        c.lock_token, c.trace_context::text
 FROM claimed c
 UNION ALL
--- The pace of this worker's rate-limited names (a twentieth of the shortest window,
--- in run_at): the loop polls at least that often while a rate holds jobs back, so
--- starts follow the window instead of the poll interval.
+-- The pace of this worker's rate-limited names with due jobs (seconds, in run_at):
+-- when the window is full, until its oldest start leaves it; else a fiftieth of
+-- the window. The loop polls at least that often, so starts follow the window
+-- instead of the poll interval. (This statement's snapshot does not see this
+-- round's starts: a window this round filled shows up in the next round.)
 SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       min(l.per) / 20, NULL, NULL, NULL, NULL, NULL
-FROM pgfleet.limits l
-WHERE l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
+       min(w.wait), NULL, NULL, NULL, NULL, NULL
+FROM (
+    SELECT CASE WHEN NOT l.per_key AND st.n >= l.rate
+                THEN greatest(extract(epoch FROM st.oldest + make_interval(secs => l.per)
+                                                 - clock_timestamp())::float8, 0.005)
+                ELSE l.per / 50 END AS wait
+    FROM pgfleet.limits l
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(s.started_at) AS oldest FROM pgfleet.limit_starts s
+        WHERE s.name = l.name AND s.started_at > clock_timestamp() - make_interval(secs => l.per)
+    ) st
+    WHERE l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
+      AND EXISTS (SELECT 1 FROM pgfleet.jobs j
+                  WHERE j.status = 'queued' AND j.limited AND j.name = l.name
+                    AND j.run_at <= now())
+) w
 HAVING count(*) > 0
 UNION ALL
-SELECT true, false, f.id, f.name, f.payload::text, f.attempt, f.max_attempts,
+SELECT true, f.started_at IS NULL, f.id, f.name, f.payload::text, f.attempt, f.max_attempts,
        f.priority, f.queue_name, f.job_key, date_part('epoch', f.run_at),
-       date_part('epoch', f.created_at), date_part('epoch', f.started_at), f.last_error,
+       date_part('epoch', f.created_at), date_part('epoch', COALESCE(f.started_at, now())),
+       f.last_error,
        f.lock_token, f.trace_context::text
 FROM flow f;
 
