@@ -314,3 +314,26 @@ async def test_jobs_waiting_on_a_limit_are_counted_by_reason(pool: asyncpg.Pool)
         " WHERE id = (SELECT id FROM pgfleet.jobs WHERE name = 'held' LIMIT 1)"
     )
     assert await queue.waiting_on_limits() == [("held", "concurrency", 3)]
+
+
+async def test_the_metrics_show_jobs_waiting_on_a_pause_and_how_long_it_lasts(
+    pool: asyncpg.Pool,
+) -> None:
+    from pgfleet.service.metrics import QueueStats  # the service extra
+
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("held", {}) for _ in range(4)])
+    await queue.pause("held")
+    await queue.pause(queue_name="ledger")
+    stats = QueueStats(pool)
+    await stats.refresh()
+    families = {f.name: f for f in stats.collect()}
+    waiting = {
+        (s.labels["kind"], s.labels["reason"]): s.value
+        for s in families["pgfleet_jobs_waiting_on_limit"].samples
+    }
+    assert waiting == {("held", "paused"): 4}
+    paused = {
+        (s.labels["target"], s.labels["name"]) for s in families["pgfleet_paused_seconds"].samples
+    }
+    assert paused == {("job_name", "held"), ("queue", "ledger")}
