@@ -284,7 +284,9 @@ BEGIN
                 progress := true;
             END IF;
         END LOOP;
-        UPDATE pgfleet.flow_turns SET last_key = cur WHERE name = f.name;
+        IF cur IS DISTINCT FROM f.last_key THEN
+            UPDATE pgfleet.flow_turns SET last_key = cur WHERE name = f.name;
+        END IF;
         budget := budget - got;
     END LOOP;
 END;
