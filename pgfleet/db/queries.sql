@@ -463,24 +463,40 @@ WITH outcome AS (
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
     SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
+), gate AS MATERIALIZED (
+    -- Flow control (0006), in two probes of (usually empty) indexes: whether any
+    -- of this worker's names has a limit or flagged queued jobs (then claim_flow
+    -- runs), and whether anything is paused (then the fast path filters on it).
+    -- Without either, every flow-control step below is skipped (InitPlans run
+    -- only when a CASE branch needs them).
+    SELECT EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
+           OR EXISTS (SELECT 1 FROM pgfleet.jobs k
+                      WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]))
+               AS flow,
+           EXISTS (SELECT 1 FROM pgfleet.queue_pauses)
+           OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL) AS pauses
 ), flow AS MATERIALIZED (
-    -- Flow control (0006): names with a limit or keyed jobs are claimed by
-    -- claim_flow first (a rate-limited name's only to start now, never held
-    -- ahead). The one-time filter skips the call when neither exists: two probes
-    -- of empty indexes on the fast path.
+    -- Names with a limit or flagged (keyed) jobs are claimed by claim_flow first (a
+    -- rate-limited name's only to start now, never held ahead).
     SELECT f.* FROM pgfleet.claim_flow($6, $7::text[], $8::text[], $9, $10) f
-    WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
-       OR EXISTS (SELECT 1 FROM pgfleet.jobs k
-                  WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]))
+    WHERE (SELECT g.flow FROM gate g)
 ), held_back AS MATERIALIZED (
     -- What the fast path leaves alone besides flagged jobs: paused names (a job
-    -- enqueued as the pause began may be unflagged) and paused queues.
-    SELECT ARRAY (SELECT l.name FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL) AS names,
-           ARRAY (SELECT q.queue_name FROM pgfleet.queue_pauses q
-                  UNION ALL SELECT f.queue_name FROM flow f WHERE f.queue_name IS NOT NULL)
-               AS queues,
-           (SELECT count(*) FROM flow)::integer AS taken,
-           (SELECT count(*) FROM flow f WHERE f.started_at IS NOT NULL)::integer AS started
+    -- enqueued as the pause began may be unflagged), paused queues and the queues
+    -- claim_flow just took a job of; and how many jobs claim_flow claimed.
+    SELECT CASE WHEN (SELECT g.pauses FROM gate g)
+                THEN ARRAY (SELECT l.name FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL)
+                ELSE '{}'::text[] END AS names,
+           CASE WHEN (SELECT g.pauses OR g.flow FROM gate g)
+                THEN ARRAY (SELECT q.queue_name FROM pgfleet.queue_pauses q
+                            UNION ALL
+                            SELECT f.queue_name FROM flow f WHERE f.queue_name IS NOT NULL)
+                ELSE '{}'::text[] END AS queues,
+           CASE WHEN (SELECT g.flow FROM gate g)
+                THEN (SELECT count(*) FROM flow)::integer ELSE 0 END AS taken,
+           CASE WHEN (SELECT g.flow FROM gate g)
+                THEN (SELECT count(*) FROM flow f WHERE f.started_at IS NOT NULL)::integer
+                ELSE 0 END AS started
 ), pick AS MATERIALIZED (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
@@ -552,7 +568,8 @@ FROM (
         SELECT count(*) AS n, min(s.started_at) AS oldest FROM pgfleet.limit_starts s
         WHERE s.name = l.name AND s.started_at > clock_timestamp() - make_interval(secs => l.per)
     ) st
-    WHERE l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
+    WHERE (SELECT g.flow FROM gate g)
+      AND l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
       AND EXISTS (SELECT 1 FROM pgfleet.jobs j
                   WHERE j.status = 'queued' AND j.limited AND j.name = l.name
                     AND j.run_at <= now())
