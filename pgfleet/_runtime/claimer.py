@@ -15,7 +15,7 @@ from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet.db.deadlines import BoundedPool, Held
 from pgfleet.db.store import Store
-from pgfleet.db.translate import flow_pace, is_connection_error, round_result
+from pgfleet.db.translate import flow_active, flow_pace, is_connection_error, round_result
 from pgfleet.db.types import Record
 from pgfleet.errors import DatabaseUnavailable
 from pgfleet.events import WorkerEvents
@@ -74,6 +74,9 @@ class ClaimLoop:
         self.stopping = False
         #: Return (stopping) once a round leaves slots free and nothing runs.
         self.burst = False
+        #: Flow control is in play for this worker's names: the full claim statement
+        #: (the first round always is; each round says for the next).
+        self._flow = True
         self._wake_event = asyncio.Event()
         self._wake_source = "start"
         #: Health, for readiness: consecutive failed rounds, when the current round
@@ -216,6 +219,7 @@ class ClaimLoop:
                 self._round_started = None
                 refused = 0
                 pace = flow_pace(rows)
+                self._flow = flow_active(rows)
                 if self._failures:
                     assert self._failing_since is not None
                     log.warning(
@@ -343,6 +347,7 @@ class ClaimLoop:
             limit=free,
             start=start,
             started=started,
+            flow=self._flow,
         )
 
     async def _round_failed(

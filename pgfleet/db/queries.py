@@ -118,6 +118,7 @@ class Queries(QueryFile):
     worker_list: Query
     worker_force_unlock: Query
     job_complete_and_claim: Query
+    job_complete_and_claim_lean: Query
     worker_heartbeat: Query
     worker_deregister: Query
     job_rescue: Query

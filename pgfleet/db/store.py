@@ -440,6 +440,7 @@ class Store:
         limit: int,
         start: int,
         started: Sequence[UUID],
+        flow: bool = True,
     ) -> list[Record]:
         """The claim loop's one round trip: write the outcomes (one per ``ids``
         entry, the other sequences aligned with it; ``ran``: seconds since the
@@ -448,9 +449,12 @@ class Store:
         ``limit`` jobs, the first ``start`` of them started now and the rest held
         ahead (``held`` true).
         Rows with ``claimed`` false are the outcomes applied (only ``id`` set); the
-        others are claimed jobs, for :func:`round_result`."""
+        others are claimed jobs, for :func:`round_result`. ``flow`` false: the
+        statement without flow control's steps, for a worker the last round found
+        none in play for (see :func:`flow_active`)."""
+        query = Q.job_complete_and_claim if flow else Q.job_complete_and_claim_lean
         return await self.db.fetch(
-            Q.job_complete_and_claim.sql,
+            query.sql,
             ids,
             tokens,
             actions,

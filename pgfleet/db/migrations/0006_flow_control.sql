@@ -180,7 +180,12 @@ BEGIN
                                             WHERE qp.queue_name = c.queue_name)
                                 AND NOT EXISTS (SELECT 1 FROM pgfleet.jobs r
                                                 WHERE r.queue_name = c.queue_name
-                                                  AND r.status = 'running')))
+                                                  AND r.status = 'running')
+                                -- one job per named queue: its head, and none running
+                                AND c.id = (SELECT hq.id FROM pgfleet.jobs hq
+                                            WHERE hq.queue_name = c.queue_name AND hq.status = 'queued'
+                                              AND hq.run_at <= now()
+                                            ORDER BY hq.priority, hq.run_at, hq.id LIMIT 1)))
                           AND (NOT f.per_key OR f.concurrency IS NULL OR (
                                 SELECT count(*) FROM pgfleet.jobs r
                                 WHERE r.status = 'running' AND r.limited AND r.name = f.name
@@ -258,7 +263,12 @@ BEGIN
                                     WHERE qp.queue_name = c.queue_name)
                         AND NOT EXISTS (SELECT 1 FROM pgfleet.jobs r
                                         WHERE r.queue_name = c.queue_name
-                                          AND r.status = 'running')))
+                                          AND r.status = 'running')
+                        -- one job per named queue: its head, and none running
+                        AND c.id = (SELECT hq.id FROM pgfleet.jobs hq
+                                    WHERE hq.queue_name = c.queue_name AND hq.status = 'queued'
+                                      AND hq.run_at <= now()
+                                    ORDER BY hq.priority, hq.run_at, hq.id LIMIT 1)))
                 ORDER BY c.priority, c.run_at, c.id
                 LIMIT want
                 FOR UPDATE SKIP LOCKED
