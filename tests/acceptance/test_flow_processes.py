@@ -105,3 +105,68 @@ async def test_a_per_key_concurrency_limit_holds_for_each_key_across_processes(
         await eventually(lambda: _done(pool, "serial", 100), timeout=180, what="100 jobs")
     assert await pool.fetchval(PEAK, "serial", True) == 2
     assert await pool.fetchval(PEAK, "serial", False) >= 5  # keys ran side by side
+
+
+async def test_a_concurrency_limit_holds_while_workers_are_killed_and_nothing_is_lost(
+    pool: asyncpg.Pool, database: str, tmp_path: Path
+) -> None:
+    """SIGKILL a worker four times mid-drain (restarted at once, as a process manager
+    would): the jobs its handlers held stay counted until the rescue gives them
+    back, so the running count sampled from outside never passes the limit."""
+    import asyncio
+    import signal
+
+    await runtime_app.ensure_schema(pool)
+    queue = Queue(pool)
+    await queue.set_limits("serial", concurrency=5)
+    total = 120
+    await queue.enqueue_many(
+        [EnqueueRequest("serial", {"ms": 60}, EnqueueOptions(max_attempts=25))] * total
+    )
+    workers = await _fleet(database, tmp_path)
+    peak = 0
+    done = asyncio.Event()
+
+    async def sample() -> None:
+        nonlocal peak
+        while not done.is_set():
+            n = await pool.fetchval(
+                "SELECT count(*) FROM pgfleet.jobs WHERE name = 'serial' AND status = 'running'"
+            )
+            peak = max(peak, int(n))
+            await asyncio.sleep(0.02)  # sampling pace, not synchronisation
+
+    sampler = asyncio.create_task(sample())
+    try:
+        async with processes(*workers):  # type: ignore[arg-type]
+            for _ in range(4):
+                index = await eventually(
+                    lambda: _holder(pool, workers), timeout=60, what="a worker holding a job"
+                )
+                victim = workers[index - 1]
+                victim.signal(signal.SIGKILL)  # type: ignore[attr-defined]
+                await victim.process.wait()  # type: ignore[attr-defined]
+                workers[index - 1] = await start_worker(
+                    database, tmp_path, "--concurrency", "16", *LIVENESS, name="again"
+                )
+            async with processes(*workers):  # type: ignore[arg-type]
+                await eventually(lambda: _done(pool, "serial", total), timeout=240, what="120 jobs")
+    finally:
+        done.set()
+        await sampler
+    assert peak <= 5, peak
+    lost = await pool.fetchval("SELECT count(*) FROM pgfleet.jobs WHERE status <> 'succeeded'")
+    assert lost == 0
+
+
+async def _holder(pool: asyncpg.Pool, workers: list[object]) -> int:
+    """1 + the index of a worker process holding a running job (0: none)."""
+    pids = await pool.fetch(
+        "SELECT DISTINCT w.pid FROM pgfleet.jobs j JOIN pgfleet.workers w ON w.id = j.locked_by "
+        "WHERE j.status = 'running'"
+    )
+    held = {r["pid"] for r in pids}
+    for index, worker in enumerate(workers):
+        if worker.pid in held and worker.process.returncode is None:  # type: ignore[attr-defined]
+            return index + 1
+    return 0
