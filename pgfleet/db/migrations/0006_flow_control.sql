@@ -36,6 +36,9 @@ CREATE TABLE pgfleet.limits (
                                        OR paused_at IS NOT NULL)
 );
 
+-- The paused names, for the claim's probe (an index, as every claim-path read).
+CREATE INDEX limits_paused ON pgfleet.limits (name) WHERE paused_at IS NOT NULL;
+
 -- Paused named queues.
 CREATE TABLE pgfleet.queue_pauses (
     queue_name text        PRIMARY KEY CHECK (char_length(queue_name) BETWEEN 1 AND 128),
