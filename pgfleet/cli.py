@@ -21,7 +21,7 @@ from pgfleet._version import __version__
 from pgfleet.db.migrate import migrate, migration_script
 from pgfleet.db.transaction_pooling import dsn_transaction_pooled, refuse_migrations
 from pgfleet.errors import PgfleetError
-from pgfleet.service import api_cmd, credentials_cmd, jobs_cmd, worker_cmd
+from pgfleet.service import api_cmd, credentials_cmd, jobs_cmd, limits_cmd, worker_cmd
 from pgfleet.service.flags import add_dsn
 from pgfleet.service.process import EXIT_USAGE, UsageError, check_dsn
 
@@ -55,6 +55,14 @@ def build_parser() -> argparse.ArgumentParser:
     api_cmd.add_arguments(api)
     jobs = sub.add_parser("jobs", help="list, inspect, cancel and retry jobs (for operators)")
     jobs_cmd.add_arguments(jobs)
+    limits = sub.add_parser(
+        "limits", help="flow control: concurrency and rate limits per job name (for operators)"
+    )
+    limits_cmd.add_limits_arguments(limits)
+    pause = sub.add_parser("pause", help="stop new starts of a job name or a named queue")
+    limits_cmd.add_pause_arguments(pause, "pause")
+    resume = sub.add_parser("resume", help="let a paused job name or named queue start again")
+    limits_cmd.add_pause_arguments(resume, "resume")
     creds = sub.add_parser(
         "credentials", help="make, revoke and list the jobs API's credentials (for operators)"
     )
@@ -125,6 +133,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(api_cmd.main(args))
         elif args.command == "jobs":
             raise SystemExit(jobs_cmd.main(args))
+        elif args.command in ("limits", "pause", "resume"):
+            raise SystemExit(limits_cmd.main(args))
         elif args.command == "credentials":
             raise SystemExit(credentials_cmd.main(args))
     except UsageError as exc:

@@ -114,6 +114,9 @@ class EnqueueOptions:
     queue_name: str | None = None
     job_key: str | None = None
     job_key_mode: JobKeyMode = JobKeyMode.DEDUPE
+    #: The key flow control counts the job under (a tenant, an account): limits
+    #: set with ``per_key`` apply to each key, and a name's keys take turns.
+    limit_key: str | None = None
 
     def __post_init__(self) -> None:  # noqa: C901 - a flat list of independent option checks
         if self.run_at is not None:
@@ -152,6 +155,14 @@ class EnqueueOptions:
                 )
             if "\x00" in key:
                 raise InvalidOptions("job_key must not contain NUL characters")
+        if self.limit_key is not None:
+            key = self.limit_key
+            if not isinstance(key, str) or not 1 <= len(key) <= MAX_JOB_KEY_LENGTH:
+                raise InvalidOptions(
+                    f"limit_key must be a string of 1 to {MAX_JOB_KEY_LENGTH} characters"
+                )
+            if "\x00" in key:
+                raise InvalidOptions("limit_key must not contain NUL characters")
         if not isinstance(self.job_key_mode, JobKeyMode):
             try:
                 object.__setattr__(self, "job_key_mode", JobKeyMode(self.job_key_mode))

@@ -29,6 +29,7 @@ from pgfleet.jobs import (
     WorkerInfo,
     validate_name,
 )
+from pgfleet.limits import Limit, LimitSpec, Paused, check_target
 from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 
 log = logging.getLogger("pgfleet")
@@ -394,6 +395,66 @@ class Queue:
             total += n
             if n < batch_size:
                 return total
+
+    # ------------------------------------------------------------ flow control
+
+    async def set_limits(
+        self,
+        name: str,
+        *,
+        concurrency: int | None = None,
+        rate: int | None = None,
+        per: float | timedelta = 1.0,
+        per_key: bool = False,
+    ) -> Limit:
+        """Limit job ``name`` fleet-wide: at most ``concurrency`` running at once,
+        at most ``rate`` attempts started in any window of ``per`` seconds;
+        ``per_key``: for each ``limit_key`` on its own. An operator's value: it
+        replaces any limit of the name and a code default never overwrites it.
+        Workers obey it from their next claim round. Bad values raise
+        :class:`InvalidOptions` and write nothing."""
+        validate_name(name)
+        spec = LimitSpec.check(concurrency=concurrency, rate=rate, per=per, per_key=per_key)
+        limit = await self._store.limits_set(name=name, spec=spec)
+        log.info("limits of %s set: %s", name, spec)
+        return limit
+
+    async def clear_limits(self, name: str) -> bool:
+        """Remove job ``name``'s limits (a pause stays); whether it had any. A
+        default declared in code is written again by the next worker that starts."""
+        validate_name(name)
+        return await self._store.limits_clear(name=name)
+
+    async def limits(self) -> list[Limit]:
+        """Every job name with a limit or a pause, by name."""
+        return await self._store.limits_list()
+
+    async def pause(self, name: str | None = None, *, queue_name: str | None = None) -> datetime:
+        """Stop new starts of job ``name`` (or of named queue ``queue_name``) across
+        the fleet until :meth:`resume`: running jobs finish, enqueues are still
+        accepted. Durable. Returns when it was paused."""
+        kind, target = check_target(name, queue_name)
+        since = await self._store.pause(kind=kind, name=target)
+        log.info("paused %s %s", "job name" if kind == "name" else "queue", target)
+        return since
+
+    async def resume(self, name: str | None = None, *, queue_name: str | None = None) -> bool:
+        """Let job ``name`` (or named queue ``queue_name``) start again; whether it
+        was paused."""
+        kind, target = check_target(name, queue_name)
+        resumed = await self._store.resume(kind=kind, name=target)
+        if resumed:
+            log.info("resumed %s %s", "job name" if kind == "name" else "queue", target)
+        return resumed
+
+    async def paused(self) -> list[Paused]:
+        """The paused job names and named queues."""
+        return await self._store.paused_list()
+
+    async def waiting_on_limits(self) -> list[tuple[str, str, int]]:
+        """``(job name, reason, due jobs)`` held back right now; reason is
+        ``paused``, ``concurrency`` or ``rate``."""
+        return await self._store.jobs_waiting_on_limit()
 
     async def _refused(self, uid: UUID, operation: str, allowed: tuple[str, ...]) -> NoReturn:
         """Raise why ``operation`` changed nothing: no such job, or not in a status

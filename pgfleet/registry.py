@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 from pgfleet.errors import InvalidName, InvalidOptions
 from pgfleet.jobs import Job, validate_name
+from pgfleet.limits import LimitSpec
 from pgfleet.payloads import Decoder, decoder_for
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -26,6 +27,9 @@ class Handler:
     decode: Decoder
     timeout: float | None
     infallible: bool
+    #: Flow-control limits declared in code: written to the database by each
+    #: worker at start when no operator value exists (an operator's value wins).
+    limits: LimitSpec | None = None
 
     def call(self, job: Job, payload: Any) -> Any:
         if self.takes_payload:
@@ -59,12 +63,29 @@ class Registry:
         return fn
 
     def job(
-        self, name: str, *, timeout: float | None = None, infallible: bool = False
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        infallible: bool = False,
+        concurrency: int | None = None,
+        rate: int | None = None,
+        per: float = 1.0,
+        per_key: bool = False,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`."""
 
         def decorate(fn: F) -> F:
-            self.register(name, fn, timeout=timeout, infallible=infallible)
+            self.register(
+                name,
+                fn,
+                timeout=timeout,
+                infallible=infallible,
+                concurrency=concurrency,
+                rate=rate,
+                per=per,
+                per_key=per_key,
+            )
             return fn
 
         return decorate
@@ -76,6 +97,10 @@ class Registry:
         *,
         timeout: float | None = None,
         infallible: bool = False,
+        concurrency: int | None = None,
+        rate: int | None = None,
+        per: float = 1.0,
+        per_key: bool = False,
     ) -> Handler:
         """Register ``fn`` for job ``name``.
 
@@ -83,8 +108,17 @@ class Registry:
         ``infallible`` handlers absorb their own failures: an exception is logged
         and the job is still recorded as succeeded (for log-and-continue
         maintenance jobs whose next run comes from a schedule).
+        ``concurrency``, ``rate``, ``per`` and ``per_key`` declare the name's
+        default flow-control limits (see :meth:`pgfleet.Queue.set_limits`): every
+        worker writes them before its first claim unless an operator has set the
+        name's limits, which win.
         """
         validate_name(name)
+        limits = None
+        if concurrency is not None or rate is not None:
+            limits = LimitSpec.check(
+                concurrency=concurrency, rate=rate, per=per, per_key=per_key, where=name
+            )
         if name in self._handlers:
             raise InvalidName(f"a handler for job name {name!r} is already registered")
         if not callable(fn):
@@ -103,6 +137,7 @@ class Registry:
             decode=decoder_for(annotation),
             timeout=None if timeout is None else float(timeout),
             infallible=infallible,
+            limits=limits,
         )
         self._handlers[name] = handler
         return handler

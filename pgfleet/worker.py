@@ -14,6 +14,7 @@ from typing import Any
 from pgfleet import context
 from pgfleet._runtime.claimer import ClaimLoop
 from pgfleet._runtime.execution import JobRunner
+from pgfleet._runtime.flow import write_code_limits
 from pgfleet._runtime.listener import Listener
 from pgfleet._runtime.maintenance import Pruner, Rescuer, Vacuumer
 from pgfleet._runtime.outcomes import Outcome, RunStats
@@ -373,6 +374,7 @@ class Worker:
                 await self._heartbeat.run_once()
                 if self._cron_service is not None:
                     await self._cron_service.prepare()
+                await write_code_limits(self._db, self._registry)
                 return True
             except SchemaNotReady:
                 raise

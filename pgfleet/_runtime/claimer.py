@@ -23,7 +23,13 @@ from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet.db.deadlines import BoundedPool
 from pgfleet.db.store import Store
-from pgfleet.db.translate import claimed_count, is_connection_error, round_result
+from pgfleet.db.translate import (
+    claimed_count,
+    flow_active,
+    flow_pace,
+    is_connection_error,
+    round_result,
+)
 from pgfleet.db.types import Record
 from pgfleet.errors import DatabaseUnavailable
 from pgfleet.events import WorkerEvents
@@ -92,6 +98,11 @@ class ClaimLoop:
         self.stopping = False
         #: Return (stopping) once a round leaves slots free and nothing runs.
         self.burst = False
+        #: Flow control is in play for this worker's names: the full claim statement
+        #: (the first round always is; each round says for the next).
+        self._flow = True
+        #: Rate limits: poll at least this often (flow_pace; None: no rate binds).
+        self._pace: float | None = None
         self._wake_event = asyncio.Event()
         self._wake_source = "start"
         #: Health, for readiness: consecutive failed rounds, when the current round
@@ -161,7 +172,7 @@ class ClaimLoop:
             deferred=deferred is not None,
             connected=self.connection.usable,
             held_wait=executor.held_wait(self._hold) if wanted == 0 else None,
-            poll=self._poll,
+            poll=self._poll if self._pace is None else min(self._poll, self._pace),
         )
 
     async def run(self) -> None:
@@ -234,6 +245,8 @@ class ClaimLoop:
         if rows is not None:
             self._round_started = None
             self._refused = 0
+            self._pace = flow_pace(rows)
+            self._flow = flow_active(rows)
             if self._failures:
                 self._recovered()
         return batch, rows
@@ -354,6 +367,7 @@ class ClaimLoop:
             limit=0 if turn is None else turn.limit,
             start=0 if turn is None else turn.start,
             started=started,
+            flow=self._flow,
         )
 
     async def _round_failed(

@@ -217,6 +217,7 @@ class Enqueuer:
                 opts.run_at,
                 opts.delay_seconds,
                 trace,
+                opts.limit_key,
             ),
         )
 
@@ -295,6 +296,7 @@ class Batch:
                 opts.job_key,
                 opts.run_at,
                 opts.delay_seconds,
+                opts.limit_key,
             )
             key = opts.job_key
             if key is None:
@@ -337,12 +339,12 @@ class Batch:
                 (plain_ids, plain_names, self._plain_json, self._enqueuer.default_max_attempts),
             )
         if full:
-            ids, names, payloads, priorities, attempts, queues, _, run_ats, delays = (
+            ids, names, payloads, priorities, attempts, queues, _, run_ats, delays, lkeys = (
                 list(column) for column in zip(*full, strict=True)
             )
             yield Statement(
                 Q.job_insert_many,
-                (ids, names, payloads, priorities, attempts, queues, run_ats, delays, trace),
+                (ids, names, payloads, priorities, attempts, queues, run_ats, delays, trace, lkeys),
             )
         for mode, rows in self._keyed.items():
             yield from self._keyed_steps(mode, rows, trace)
@@ -356,7 +358,7 @@ class Batch:
         texts = [json.dumps(p, separators=(",", ":")) for p in json.loads(self._plain_json)]
         attempts = self._enqueuer.default_max_attempts
         return [
-            (job_id, name, text, 0, attempts, None, None, None, 0.0)
+            (job_id, name, text, 0, attempts, None, None, None, 0.0, None)
             for job_id, name, text in zip(ids, names, texts, strict=True)
         ]
 
@@ -368,12 +370,24 @@ class Batch:
         pending = rows
         resolved: dict[str, UUID] = {}
         for _ in range(KEY_RESOLVE_ROUNDS):
-            ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays = (
+            ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays, lkeys = (
                 list(column) for column in zip(*pending, strict=True)
             )
             inserted = yield Statement(
                 _KEYED_QUERY[mode],
-                (ids, names, payloads, priorities, attempts, queues, keys, run_ats, delays, trace),
+                (
+                    ids,
+                    names,
+                    payloads,
+                    priorities,
+                    attempts,
+                    queues,
+                    keys,
+                    run_ats,
+                    delays,
+                    trace,
+                    lkeys,
+                ),
             )
             resolved.update((r[1], r[0]) for r in inserted or ())  # (id, job_key)
             missing = [row for row in pending if row[6] not in resolved]

@@ -105,9 +105,20 @@ class Queries(QueryFile):
     job_permanently_fail: Query
     job_complete: Query
     job_prune_finished: Query
+    limits_set: Query
+    limits_set_default: Query
+    limits_clear: Query
+    limits_list: Query
+    pause_name: Query
+    pause_queue: Query
+    resume_name: Query
+    resume_queue: Query
+    paused_list: Query
+    jobs_waiting_on_limit: Query
     worker_list: Query
     worker_force_unlock: Query
     job_complete_and_claim: Query
+    job_complete_and_claim_lean: Query
     worker_heartbeat: Query
     worker_deregister: Query
     job_rescue: Query

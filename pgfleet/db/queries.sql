@@ -9,60 +9,76 @@
 -- ---------------------------------------------------------------- enqueue
 
 -- name: job_insert :exec
--- $9: the enqueue's trace context (JSON text), or NULL.
+-- $9: the enqueue's trace context (JSON text), or NULL; $10: the limit key.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context)
+                          trace_context, limit_key, limited)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
-        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb);
+        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
+        $10::text,
+        $10::text IS NOT NULL OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text)
+        OR ($6::text IS NOT NULL
+            AND EXISTS (SELECT 1 FROM pgfleet.queue_pauses q WHERE q.queue_name = $6::text)));
 
 -- name: job_insert_notify :exec
 -- The wakeup rides in the RETURNING list: queued only if the row was inserted, and
 -- cheaper for Postgres to run than a data-modifying CTE around the insert.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context)
+                          trace_context, limit_key, limited)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
-        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb)
+        COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
+        $10::text,
+        $10::text IS NOT NULL OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text)
+        OR ($6::text IS NOT NULL
+            AND EXISTS (SELECT 1 FROM pgfleet.queue_pauses q WHERE q.queue_name = $6::text)))
 RETURNING pg_notify('pgfleet_jobs', '');
 
 -- name: job_insert_plain :exec
 -- The common single enqueue: default options, so only four parameters travel.
-INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-VALUES ($1, $2::text, $3::text::jsonb, $4::integer);
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited)
+VALUES ($1, $2::text, $3::text::jsonb, $4::integer,
+        EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text));
 
 -- name: job_insert_plain_notify :exec
-INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-VALUES ($1, $2::text, $3::text::jsonb, $4::integer)
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited)
+VALUES ($1, $2::text, $3::text::jsonb, $4::integer,
+        EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text))
 RETURNING pg_notify('pgfleet_jobs', '');
 
 -- name: job_insert_many_plain :exec
 -- The common batch: default options for every job. Payloads arrive as one JSON
 -- array (one encode call on the client, one parse here), zipped to the ids and names.
-INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)
-SELECT id, name, payload, $4::integer
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited)
+SELECT id, name, payload, $4::integer,
+       name IN (SELECT l.name FROM pgfleet.limits l)
 FROM ROWS FROM (unnest($1::uuid[]), unnest($2::text[]), jsonb_array_elements($3::text::jsonb))
      AS t(id, name, payload);
 
 -- name: job_insert_many :exec
--- $9: the enqueue's trace context (JSON text) for every job, or NULL.
+-- $9: the enqueue's trace context (JSON text) for every job, or NULL; $10: limit keys.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
+       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::timestamptz[], $8::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay);
+            $7::timestamptz[], $8::float8[], $10::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay, limit_key);
 
 -- name: job_insert_keyed_dedupe :many
--- $10 (all three keyed inserts): the enqueue's trace context, or NULL.
+-- $10 (all three keyed inserts): the enqueue's trace context, or NULL; $11: limit keys.
 -- Keeps an existing queued or running job with the same key; returns only the
 -- rows it inserted (the caller looks the others up by key).
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
+       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::text[], $8::timestamptz[], $9::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
+            $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
+          limit_key)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO NOTHING
 RETURNING id, job_key;
 
@@ -70,32 +86,40 @@ RETURNING id, job_key;
 -- Overwrites a queued job with the same key, run_at included (debounce). A running
 -- job is left untouched and not returned.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
+       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::text[], $8::timestamptz[], $9::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
+            $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
+          limit_key)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO UPDATE
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
-        run_at = EXCLUDED.run_at, trace_context = EXCLUDED.trace_context
+        run_at = EXCLUDED.run_at, trace_context = EXCLUDED.trace_context,
+        limit_key = EXCLUDED.limit_key, limited = EXCLUDED.limited
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
 -- name: job_insert_keyed_preserve_run_at :many
 -- Overwrites a queued job with the same key but keeps its run_at.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, job_key, run_at,
-                          trace_context)
+                          trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb
+       COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
+       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
+       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::text[], $8::timestamptz[], $9::float8[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay)
+            $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
+          limit_key)
 ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'running') DO UPDATE
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
-        trace_context = EXCLUDED.trace_context
+        trace_context = EXCLUDED.trace_context, limit_key = EXCLUDED.limit_key,
+        limited = EXCLUDED.limited
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
@@ -208,6 +232,171 @@ WITH doomed AS (
 )
 SELECT count(*) FROM deleted;
 
+-- ---------------------------------------------------------------- flow control
+
+-- name: limits_set :one
+-- An operator's limits for job name $1 (a pause on it is kept). The running jobs
+-- of the name count against it from now on (claim_flow counts flagged rows).
+WITH upsert AS (
+    INSERT INTO pgfleet.limits AS l (name, concurrency, rate, per, per_key, source)
+    VALUES ($1::text, $2::integer, $3::integer, $4::float8, $5::boolean, 'operator')
+    ON CONFLICT (name) DO UPDATE
+        SET concurrency = EXCLUDED.concurrency, rate = EXCLUDED.rate, per = EXCLUDED.per,
+            per_key = EXCLUDED.per_key, source = 'operator', updated_at = now()
+    RETURNING l.*
+), flagged AS (
+    UPDATE pgfleet.jobs j SET limited = true
+    WHERE j.status IN ('queued', 'running') AND j.name = $1::text AND NOT j.limited
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '')
+)
+SELECT u.*, (SELECT count(*) FROM wake) AS woken FROM upsert u;
+
+-- name: limits_set_default :one
+-- A limit declared in code (Registry.job) for job name $1: written when no
+-- operator value exists (a row holding only a pause has none). Returns the stored
+-- row and whether this call wrote it.
+WITH written AS (
+    INSERT INTO pgfleet.limits AS l (name, concurrency, rate, per, per_key, source)
+    VALUES ($1::text, $2::integer, $3::integer, $4::float8, $5::boolean, 'code')
+    ON CONFLICT (name) DO UPDATE
+        SET concurrency = EXCLUDED.concurrency, rate = EXCLUDED.rate, per = EXCLUDED.per,
+            per_key = EXCLUDED.per_key, source = 'code', updated_at = now()
+        WHERE (l.source = 'code' OR (l.concurrency IS NULL AND l.rate IS NULL))
+          AND (l.concurrency, l.rate, l.per, l.per_key, l.source)
+              IS DISTINCT FROM (EXCLUDED.concurrency, EXCLUDED.rate, EXCLUDED.per,
+                                EXCLUDED.per_key, 'code')
+    RETURNING l.*
+), flagged AS (
+    UPDATE pgfleet.jobs j SET limited = true
+    WHERE EXISTS (SELECT 1 FROM written)
+      AND j.status IN ('queued', 'running') AND j.name = $1::text AND NOT j.limited
+)
+SELECT w.*, true AS wrote FROM written w
+UNION ALL
+SELECT l.*, false FROM pgfleet.limits l
+WHERE l.name = $1::text AND NOT EXISTS (SELECT 1 FROM written);
+
+-- name: limits_clear :val
+-- Removes job name $1's limits (a pause on it stays); true when there were some.
+WITH dropped AS (
+    DELETE FROM pgfleet.limits
+    WHERE name = $1::text AND paused_at IS NULL
+    RETURNING 1
+), kept AS (
+    UPDATE pgfleet.limits SET concurrency = NULL, rate = NULL, per_key = false,
+                              source = 'operator', updated_at = now()
+    WHERE name = $1::text AND paused_at IS NOT NULL
+      AND (concurrency IS NOT NULL OR rate IS NOT NULL)
+    RETURNING 1
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '') FROM (SELECT 1 FROM dropped UNION ALL SELECT 1 FROM kept) x
+    LIMIT 1
+)
+SELECT EXISTS (SELECT 1 FROM dropped) OR EXISTS (SELECT 1 FROM kept)
+       OR (SELECT count(*) FROM wake) < 0;
+
+-- name: limits_list :many
+SELECT name, concurrency, rate, per, per_key, source, paused_at, updated_at
+FROM pgfleet.limits ORDER BY name;
+
+-- name: pause_name :val
+-- Nothing new of job name $1 starts; returns when it was paused (the first pause).
+-- Its queued jobs move under flow control (off the fast path's index).
+WITH paused AS (
+    INSERT INTO pgfleet.limits AS l (name, paused_at) VALUES ($1::text, now())
+    ON CONFLICT (name) DO UPDATE SET paused_at = COALESCE(l.paused_at, now()),
+                                     updated_at = now()
+    RETURNING l.paused_at
+), flagged AS (
+    UPDATE pgfleet.jobs j SET limited = true
+    WHERE j.status IN ('queued', 'running') AND j.name = $1::text AND NOT j.limited
+)
+SELECT paused_at FROM paused;
+
+-- name: pause_queue :val
+-- Its queued jobs move under flow control (off the fast path's index).
+WITH paused AS (
+    INSERT INTO pgfleet.queue_pauses AS q (queue_name) VALUES ($1::text)
+    ON CONFLICT (queue_name) DO UPDATE SET paused_at = q.paused_at
+    RETURNING q.paused_at
+), flagged AS (
+    UPDATE pgfleet.jobs j SET limited = true
+    WHERE j.status = 'queued' AND j.queue_name = $1::text AND NOT j.limited
+)
+SELECT paused_at FROM paused;
+
+-- name: resume_name :val
+-- True when job name $1 was paused. A row that held only the pause goes.
+WITH dropped AS (
+    DELETE FROM pgfleet.limits
+    WHERE name = $1::text AND paused_at IS NOT NULL AND concurrency IS NULL AND rate IS NULL
+    RETURNING 1
+), kept AS (
+    UPDATE pgfleet.limits SET paused_at = NULL, updated_at = now()
+    WHERE name = $1::text AND paused_at IS NOT NULL
+      AND (concurrency IS NOT NULL OR rate IS NOT NULL)
+    RETURNING 1
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '') FROM (SELECT 1 FROM dropped UNION ALL SELECT 1 FROM kept) x
+    LIMIT 1
+)
+SELECT EXISTS (SELECT 1 FROM dropped) OR EXISTS (SELECT 1 FROM kept)
+       OR (SELECT count(*) FROM wake) < 0;
+
+-- name: resume_queue :val
+WITH dropped AS (
+    DELETE FROM pgfleet.queue_pauses WHERE queue_name = $1::text RETURNING 1
+), wake AS (
+    SELECT pg_notify('pgfleet_jobs', '') FROM dropped
+)
+SELECT EXISTS (SELECT 1 FROM dropped) OR (SELECT count(*) FROM wake) < 0;
+
+-- name: paused_list :many
+SELECT 'name' AS kind, name, paused_at FROM pgfleet.limits WHERE paused_at IS NOT NULL
+UNION ALL
+SELECT 'queue', queue_name, paused_at FROM pgfleet.queue_pauses
+ORDER BY 1, 2;
+
+-- name: jobs_waiting_on_limit :many
+-- Due queued jobs that wait on flow control, by job name and reason: 'paused'
+-- (the name or its queue is paused), 'concurrency' (the name is at its concurrency
+-- limit), 'rate' (at its rate limit). Per-key limits count a name's whole backlog
+-- under the reason when any key is at its limit.
+WITH due AS (
+    SELECT j.name, j.queue_name, count(*) AS n FROM pgfleet.jobs j
+    WHERE j.status = 'queued' AND j.run_at <= now()
+      AND (j.name IN (SELECT l.name FROM pgfleet.limits l)
+           OR j.queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q))
+    GROUP BY j.name, j.queue_name
+), state AS (
+    SELECT l.name, l.paused_at IS NOT NULL AS paused,
+           l.concurrency IS NOT NULL AND EXISTS (
+               SELECT 1 FROM pgfleet.jobs r
+               WHERE r.status = 'running' AND r.limited AND r.name = l.name
+               GROUP BY CASE WHEN l.per_key THEN r.limit_key END
+               HAVING count(*) >= l.concurrency) AS at_concurrency,
+           l.rate IS NOT NULL AND EXISTS (
+               SELECT 1 FROM pgfleet.limit_starts s
+               WHERE s.name = l.name AND s.started_at > now() - make_interval(secs => l.per)
+               GROUP BY CASE WHEN l.per_key THEN s.limit_key END
+               HAVING count(*) >= l.rate) AS at_rate
+    FROM pgfleet.limits l
+)
+SELECT w.name, w.reason, sum(w.n)::bigint AS n FROM (
+    SELECT d.name,
+           CASE WHEN COALESCE(s.paused, false)
+                     OR d.queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
+                THEN 'paused'
+                WHEN s.at_concurrency THEN 'concurrency'
+                WHEN s.at_rate THEN 'rate' END AS reason,
+           d.n
+    FROM due d LEFT JOIN state s USING (name)
+) w
+WHERE w.reason IS NOT NULL
+GROUP BY w.name, w.reason
+ORDER BY w.name, w.reason;
+
 -- ---------------------------------------------------------------- workers
 
 -- name: worker_list :many
@@ -277,7 +466,174 @@ WITH outcome AS (
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
-    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted') AS frees
+    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted' OR j.limited) AS frees
+), marked AS (
+    -- Runs whether or not the query reads it (it modifies data). Most rounds mark
+    -- nothing: the cardinality test is a one-time filter that then skips the scan
+    -- of this worker's running jobs the planner would otherwise make.
+    UPDATE pgfleet.jobs j SET started_at = now()
+    WHERE cardinality($11::uuid[]) > 0
+      AND j.id = ANY ($11::uuid[]) AND j.locked_by = $6 AND j.status = 'running'
+      AND j.started_at IS NULL
+), wake AS (
+    -- A freed named queue or a requeued job is work for someone now.
+    SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
+), gate AS MATERIALIZED (
+    -- Flow control (0006), in two probes of (usually empty) indexes: whether any
+    -- of this worker's names has a limit or flagged queued jobs (then claim_flow
+    -- runs), and whether anything is paused (then the fast path filters on it).
+    -- Without either, every flow-control step below is skipped (InitPlans run
+    -- only when a CASE branch needs them).
+    SELECT EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
+           OR EXISTS (SELECT 1 FROM pgfleet.jobs k
+                      WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]))
+               AS flow,
+           EXISTS (SELECT 1 FROM pgfleet.queue_pauses)
+           OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL) AS pauses
+), flow AS MATERIALIZED (
+    -- Names with a limit or flagged (keyed) jobs are claimed by claim_flow first (a
+    -- rate-limited name's only to start now, never held ahead).
+    SELECT f.* FROM pgfleet.claim_flow($6, $7::text[], $8::text[], $9, $10) f
+    WHERE (SELECT g.flow FROM gate g)
+), held_back AS MATERIALIZED (
+    -- What the fast path leaves alone besides flagged jobs: paused names (a job
+    -- enqueued as the pause began may be unflagged), paused queues and the queues
+    -- claim_flow just took a job of; and how many jobs claim_flow claimed.
+    SELECT CASE WHEN (SELECT g.pauses FROM gate g)
+                THEN ARRAY (SELECT l.name FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL)
+                ELSE '{}'::text[] END AS names,
+           CASE WHEN (SELECT g.pauses OR g.flow FROM gate g)
+                THEN ARRAY (SELECT q.queue_name FROM pgfleet.queue_pauses q
+                            UNION ALL
+                            SELECT f.queue_name FROM flow f WHERE f.queue_name IS NOT NULL)
+                ELSE '{}'::text[] END AS queues,
+           CASE WHEN (SELECT g.flow FROM gate g)
+                THEN (SELECT count(*) FROM flow)::integer ELSE 0 END AS taken,
+           CASE WHEN (SELECT g.flow FROM gate g)
+                THEN (SELECT count(*) FROM flow f WHERE f.started_at IS NOT NULL)::integer
+                ELSE 0 END AS started
+), pick AS MATERIALIZED (
+    -- The ids come from an InitPlan and the update finds them through the primary
+    -- key: there is no join between the pick and the table for a plan to flip to a
+    -- hash or merge join over the whole table when the row estimates are stale.
+    -- Only a candidate in a named queue runs the two per-queue lookups, each a
+    -- LIMIT 1 probe of its own partial index (a scalar subquery, never hashed into
+    -- a scan of every running job).
+    SELECT ARRAY (
+        SELECT c.id FROM pgfleet.jobs c
+        WHERE c.status = 'queued' AND c.run_at <= now()
+          AND c.name = ANY($7::text[])
+          AND ($8::text[] IS NULL OR c.queue_name = ANY($8::text[]))
+          AND NOT c.limited
+          AND c.name <> ALL ((SELECT h.names FROM held_back h)::text[])
+          AND (c.queue_name IS NULL OR (
+                c.queue_name <> ALL ((SELECT h.queues FROM held_back h)::text[]) AND
+                (SELECT r.id FROM pgfleet.jobs r
+                 WHERE r.queue_name = c.queue_name AND r.status = 'running'
+                 LIMIT 1) IS NULL
+                AND c.id = (SELECT h.id FROM pgfleet.jobs h
+                            WHERE h.queue_name = c.queue_name AND h.status = 'queued'
+                              AND h.run_at <= now()
+                            ORDER BY h.priority, h.run_at, h.id
+                            LIMIT 1)))
+        ORDER BY c.priority, c.run_at, c.id
+        LIMIT greatest($9 - (SELECT h.taken FROM held_back h), 0)
+        FOR UPDATE SKIP LOCKED
+    ) AS ids
+), claimed AS (
+    UPDATE pgfleet.jobs j
+    SET status = 'running', attempt = j.attempt + 1,
+        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10 - h.started]
+                                            FROM pick p, held_back h)::uuid[])
+                          THEN now() END,
+        locked_by = $6, lock_token = gen_random_uuid()
+    WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
+    RETURNING j.*
+)
+-- Times travel as seconds since the epoch (float8: exact to the microsecond from
+-- 1685 to 2255): the client builds a datetime from them in half the time the
+-- driver's timestamptz decoder takes, and once per distinct value in a round.
+SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
+       NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
+       NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
+       NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
+       NULL::text AS trace_context
+FROM done d CROSS JOIN (SELECT count(*) FROM wake) w
+UNION ALL
+SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
+       c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
+       date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
+       c.lock_token, c.trace_context::text
+FROM claimed c
+UNION ALL
+-- The pace of this worker's rate-limited names with due jobs (seconds, in run_at):
+-- when the window is full, until its oldest start leaves it; else a fiftieth of
+-- the window. The loop polls at least that often, so starts follow the window
+-- instead of the poll interval. (This statement's snapshot does not see this
+-- round's starts: a window this round filled shows up in the next round.)
+SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       min(w.wait), NULL, NULL, NULL, NULL, NULL
+FROM (
+    SELECT CASE WHEN NOT l.per_key AND st.n >= l.rate
+                THEN greatest(extract(epoch FROM st.oldest + make_interval(secs => l.per)
+                                                 - clock_timestamp())::float8, 0.005)
+                ELSE l.per / 50 END AS wait
+    FROM pgfleet.limits l
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n, min(s.started_at) AS oldest FROM pgfleet.limit_starts s
+        WHERE s.name = l.name AND s.started_at > clock_timestamp() - make_interval(secs => l.per)
+    ) st
+    WHERE (SELECT g.flow FROM gate g)
+      AND l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
+      AND EXISTS (SELECT 1 FROM pgfleet.jobs j
+                  WHERE j.status = 'queued' AND j.limited AND j.name = l.name
+                    AND j.run_at <= now())
+) w
+HAVING count(*) > 0
+UNION ALL
+-- Flow control is in play for this worker: the next round is a full one too.
+SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL
+WHERE (SELECT g.flow FROM gate g)
+UNION ALL
+SELECT true, f.started_at IS NULL, f.id, f.name, f.payload::text, f.attempt, f.max_attempts,
+       f.priority, f.queue_name, f.job_key, date_part('epoch', f.run_at),
+       date_part('epoch', f.created_at), date_part('epoch', COALESCE(f.started_at, now())),
+       f.last_error,
+       f.lock_token, f.trace_context::text
+FROM flow f;
+
+-- name: job_complete_and_claim_lean :many
+-- job_complete_and_claim without flow control's steps, for the rounds of a worker
+-- none of whose names has a limit or flagged jobs (the last round said so): jobs
+-- under flow control (flagged: keyed, or of a limited or paused name or queue) are
+-- left alone, and a row without an id (held false) says when flow control has
+-- appeared, so that the next round is a full one. Saves the full statement's
+-- per-round cost where nothing is limited.
+-- The claim loop's one round trip: write the outcomes of finished handlers (only
+WITH outcome AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                         $12::float8[])
+        AS o(id, token, action, delay, error, ran)
+), done AS (
+    UPDATE pgfleet.jobs j
+    SET status = CASE o.action WHEN 'succeeded' THEN 'succeeded'
+                             WHEN 'failed' THEN 'failed'
+                             ELSE 'queued' END::pgfleet.job_status,
+        finished_at = CASE WHEN o.action IN ('succeeded', 'failed') THEN now() END,
+        -- An aborted attempt is not counted and the job keeps its run_at: it goes
+        -- back to its place in line (and a cron job keeps its occurrence).
+        run_at = CASE o.action WHEN 'retry' THEN now() + make_interval(secs => o.delay)
+                             ELSE j.run_at END,
+        attempt = CASE WHEN o.action = 'aborted' THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
+        last_error = COALESCE(o.error, j.last_error),
+        -- Started from the hold and finished before any round marked it.
+        started_at = COALESCE(j.started_at, now() - make_interval(secs => o.ran)),
+        locked_by = NULL,
+        lock_token = NULL
+    FROM outcome o
+    WHERE j.id = o.id AND j.lock_token = o.token
+    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted' OR j.limited) AS frees
 ), marked AS (
     -- Runs whether or not the query reads it (it modifies data). Most rounds mark
     -- nothing: the cardinality test is a one-time filter that then skips the scan
@@ -300,6 +656,7 @@ WITH outcome AS (
         SELECT c.id FROM pgfleet.jobs c
         WHERE c.status = 'queued' AND c.run_at <= now()
           AND c.name = ANY($7::text[])
+          AND NOT c.limited
           AND ($8::text[] IS NULL OR c.queue_name = ANY($8::text[]))
           AND (c.queue_name IS NULL OR (
                 (SELECT r.id FROM pgfleet.jobs r
@@ -337,7 +694,13 @@ SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.m
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
        c.lock_token, c.trace_context::text
-FROM claimed c;
+FROM claimed c
+UNION ALL
+SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       NULL, NULL, NULL, NULL, NULL, NULL
+WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
+   OR EXISTS (SELECT 1 FROM pgfleet.jobs k
+              WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]));
 
 -- name: worker_heartbeat :one
 -- Registers or refreshes this worker (renewing every lock it holds), and takes or

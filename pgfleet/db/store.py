@@ -29,6 +29,7 @@ from pgfleet.db.translate import (
 )
 from pgfleet.db.types import Connection, Executor, Pool, Record
 from pgfleet.jobs import Job, JobStatus, WorkerInfo
+from pgfleet.limits import Limit, LimitSpec, Paused
 
 T = TypeVar("T")
 
@@ -57,6 +58,7 @@ _BACKLOG_BY_NAME = translate_errors("runnable_backlog_by_name")
 _STATUS = translate_errors("status")
 _STATUSES = translate_errors("statuses")
 _WORKERS = translate_errors("workers")
+_LIMITS = translate_errors("limits")
 _CANCEL = translate_errors("cancel")
 _RETRY = translate_errors("retry")
 _RESCHEDULE = translate_errors("reschedule")
@@ -359,6 +361,64 @@ class Store:
         assert row is not None  # a SELECT without FROM: always one row
         return ForceUnlock(int(row["requeued"]), int(row["failed"]), bool(row["deregistered"]))
 
+    # ------------------------------------------------------------ flow control
+
+    async def limits_set(self, *, name: str, spec: LimitSpec) -> Limit:
+        """An operator's limits for ``name`` (its pause kept)."""
+        with _LIMITS:
+            row = await self.db.fetchrow(
+                Q.limits_set.sql, name, spec.concurrency, spec.rate, spec.per, spec.per_key
+            )
+        assert row is not None  # an upsert returns its row
+        return _limit(row)
+
+    async def limits_set_default(self, *, name: str, spec: LimitSpec) -> tuple[Limit, bool]:
+        """A code default for ``name``: the stored limit, and whether this wrote it
+        (False: an operator's value is there and wins)."""
+        with _LIMITS:
+            row = await self.db.fetchrow(
+                Q.limits_set_default.sql,
+                name,
+                spec.concurrency,
+                spec.rate,
+                spec.per,
+                spec.per_key,
+            )
+        assert row is not None  # written, or the row that stopped the write
+        return _limit(row), bool(row["wrote"])
+
+    async def limits_clear(self, *, name: str) -> bool:
+        with _LIMITS:
+            return bool(await self.db.fetchval(Q.limits_clear.sql, name))
+
+    async def limits_list(self) -> list[Limit]:
+        with _LIMITS:
+            rows = await self.db.fetch(Q.limits_list.sql)
+        return [_limit(r) for r in rows]
+
+    async def pause(self, *, kind: str, name: str) -> datetime:
+        """Pause a job name (``kind`` "name") or a named queue ("queue"); since when."""
+        query = Q.pause_name if kind == "name" else Q.pause_queue
+        with _LIMITS:
+            return cast(datetime, await self.db.fetchval(query.sql, name))
+
+    async def resume(self, *, kind: str, name: str) -> bool:
+        """Resume a job name or a named queue; whether it was paused."""
+        query = Q.resume_name if kind == "name" else Q.resume_queue
+        with _LIMITS:
+            return bool(await self.db.fetchval(query.sql, name))
+
+    async def paused_list(self) -> list[Paused]:
+        with _LIMITS:
+            rows = await self.db.fetch(Q.paused_list.sql)
+        return [Paused(r["kind"], r["name"], r["paused_at"]) for r in rows]
+
+    async def jobs_waiting_on_limit(self) -> list[tuple[str, str, int]]:
+        """``(job name, reason, due jobs)`` held back by a pause or a binding limit."""
+        with _LIMITS:
+            rows = await self.db.fetch(Q.jobs_waiting_on_limit.sql)
+        return [(r["name"], r["reason"], int(r["n"])) for r in rows]
+
     # ------------------------------------------------------------ claim loop
     #
     # The claim loop's statements raise the driver's errors untranslated: the loop
@@ -380,6 +440,7 @@ class Store:
         limit: int,
         start: int,
         started: Sequence[UUID],
+        flow: bool = True,
     ) -> list[Record]:
         """The claim loop's one round trip: write the outcomes (one per ``ids``
         entry, the other sequences aligned with it; ``ran``: seconds since the
@@ -388,9 +449,12 @@ class Store:
         ``limit`` jobs, the first ``start`` of them started now and the rest held
         ahead (``held`` true).
         Rows with ``claimed`` false are the outcomes applied (only ``id`` set); the
-        others are claimed jobs, for :func:`round_result`."""
+        others are claimed jobs, for :func:`round_result`. ``flow`` false: the
+        statement without flow control's steps, for a worker the last round found
+        none in play for (see :func:`flow_active`)."""
+        query = Q.job_complete_and_claim if flow else Q.job_complete_and_claim_lean
         return await self.db.fetch(
-            Q.job_complete_and_claim.sql,
+            query.sql,
             ids,
             tokens,
             actions,
@@ -700,3 +764,16 @@ class Store:
     async def session_count_by_credential(self) -> list[Record]:
         with _ACCESS:
             return await self.db.fetch(AQ.session_count_by_credential.sql)
+
+
+def _limit(r: Record) -> Limit:
+    return Limit(
+        name=r["name"],
+        concurrency=r["concurrency"],
+        rate=r["rate"],
+        per=float(r["per"]),
+        per_key=bool(r["per_key"]),
+        source=r["source"],
+        paused_at=r["paused_at"],
+        updated_at=r["updated_at"],
+    )

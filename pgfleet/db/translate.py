@@ -216,6 +216,21 @@ def claimed_count(rows: Sequence[Record]) -> int:
     return sum(1 for row in rows if row[_CLAIMED])
 
 
+def flow_pace(rows: Sequence[Record]) -> float | None:
+    """The seconds a claim round asks the loop to poll within while rate limits of
+    its names hold jobs back (its row without an id), or None."""
+    for row in reversed(rows):
+        if not row[0] and row[2] is None and row[1]:
+            return max(0.01, float(row[10]))
+    return None
+
+
+def flow_active(rows: Sequence[Record]) -> bool:
+    """Whether a claim round said flow control is in play for the worker's names
+    (its row without an id, held false): the next round must be a full one."""
+    return any(not row[0] and row[2] is None and not row[1] for row in rows)
+
+
 def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], list[Job], set[UUID]]:
     """What a ``job_complete_and_claim`` round returned: the jobs claimed to start
     now, those claimed to be held ahead (in claim order: priority, run_at, id), and
@@ -232,7 +247,7 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
         if row[_CLAIMED]:
             claimed.append(row)
             payloads.append(row[_PAYLOAD])
-        else:
+        elif row[_ID] is not None:  # (a pace row has no id: see flow_pace)
             applied.add(row[_ID])
     if not claimed:
         return [], [], applied

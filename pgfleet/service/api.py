@@ -36,7 +36,7 @@ from pgfleet.errors import (
     SchemaNotReady,
     ValidationError,
 )
-from pgfleet.jobs import EnqueueRequest, Job, JobStatus
+from pgfleet.jobs import EnqueueRequest, Job, JobStatus, validate_name
 from pgfleet.queue import Queue
 from pgfleet.service.access import AccessConfig, AccessDenied, Gate, audit
 from pgfleet.service.api_schema import (
@@ -46,14 +46,16 @@ from pgfleet.service.api_schema import (
     check_content_type,
     decode_json,
     parse_enqueue,
+    parse_limits,
     parse_list_query,
+    parse_pause,
 )
 from pgfleet.service.credentials import ANONYMOUS, Access, Credential, access_of, requires
 from pgfleet.service.guard import Peer
 from pgfleet.service.http import database_ready
 from pgfleet.service.openapi import openapi_document
 from pgfleet.service.redaction import Redactor
-from pgfleet.service.views import job_view
+from pgfleet.service.views import job_view, limit_view, paused_view, timestamp
 
 log = logging.getLogger("pgfleet")
 access_log = logging.getLogger("pgfleet.access")
@@ -182,6 +184,11 @@ class JobsApi:
         app.router.add_get("/jobs/{id}", self.get_job)
         app.router.add_post("/jobs/{id}/cancel", self.cancel_job)
         app.router.add_post("/jobs/{id}/retry", self.retry_job)
+        app.router.add_get("/limits", self.list_limits)
+        app.router.add_put("/limits/{name}", self.set_limits)
+        app.router.add_delete("/limits/{name}", self.clear_limits)
+        app.router.add_post("/pause", self.pause)
+        app.router.add_post("/resume", self.resume)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/openapi.json", self.openapi)
@@ -359,6 +366,50 @@ class JobsApi:
         jobs = await self.queue.recent(query.limit, status=query.status, name=query.name)
         return web.json_response({"jobs": [self._view(j) for j in jobs]})
 
+    @requires(Access.OBSERVE)
+    async def list_limits(self, _request: web.Request) -> web.Response:
+        waiting: dict[str, dict[str, int]] = {}
+        for name, reason, n in await self.queue.waiting_on_limits():
+            waiting.setdefault(name, {})[reason] = n
+        limits = [limit_view(lim, waiting.get(lim.name, {})) for lim in await self.queue.limits()]
+        queues = [paused_view(p) for p in await self.queue.paused() if p.kind == "queue"]
+        return web.json_response({"limits": limits, "paused_queues": queues})
+
+    @requires(Access.OPERATE)
+    async def set_limits(self, request: web.Request) -> web.Response:
+        name = _path_name(request)
+        spec = parse_limits(await self._read_json(request))
+        limit = await self.queue.set_limits(
+            name, concurrency=spec.concurrency, rate=spec.rate, per=spec.per, per_key=spec.per_key
+        )
+        audit(request[CREDENTIAL], request[PEER], "set limits of %s: %s", name, spec)
+        return web.json_response(limit_view(limit))
+
+    @requires(Access.OPERATE)
+    async def clear_limits(self, request: web.Request) -> web.Response:
+        name = _path_name(request)
+        cleared = await self.queue.clear_limits(name)
+        audit(request[CREDENTIAL], request[PEER], "clear limits of %s", name)
+        return web.json_response({"name": name, "cleared": cleared})
+
+    @requires(Access.OPERATE)
+    async def pause(self, request: web.Request) -> web.Response:
+        name, queue_name = parse_pause(await self._read_json(request))
+        since = await self.queue.pause(name, queue_name=queue_name)
+        target = name or f"queue {queue_name}"
+        audit(request[CREDENTIAL], request[PEER], "pause %s", target)
+        return web.json_response(
+            {"name": name, "queue_name": queue_name, "paused_at": timestamp(since)}
+        )
+
+    @requires(Access.OPERATE)
+    async def resume(self, request: web.Request) -> web.Response:
+        name, queue_name = parse_pause(await self._read_json(request))
+        resumed = await self.queue.resume(name, queue_name=queue_name)
+        target = name or f"queue {queue_name}"
+        audit(request[CREDENTIAL], request[PEER], "resume %s", target)
+        return web.json_response({"name": name, "queue_name": queue_name, "resumed": resumed})
+
     @requires(Access.PUBLIC)
     async def healthz(self, _request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -460,6 +511,15 @@ class JobsApi:
         keyed = [i for req, i in zip(requests, ids, strict=True) if req.options.job_key]
         found = await self.queue.statuses(keyed) if keyed else {}
         return [found.get(i, JobStatus.QUEUED).value for i in ids]
+
+
+def _path_name(request: web.Request) -> str:
+    """A job name from the path; an invalid one is answered 422."""
+    name = request.match_info["name"]
+    try:
+        return validate_name(name)
+    except ValidationError as exc:
+        raise RequestError(422, str(exc), {"field": "name"}) from None
 
 
 def _operation_id(name: str) -> str:

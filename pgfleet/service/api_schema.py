@@ -16,12 +16,24 @@ from typing import Any
 
 from pgfleet.errors import PayloadDecodeError, PayloadTooLarge, ValidationError
 from pgfleet.jobs import DEFAULT_OPTIONS, EnqueueOptions, EnqueueRequest, JobStatus, validate_name
+from pgfleet.limits import LimitSpec, check_target
 from pgfleet.payloads import encode_payload
 
 JOB_FIELDS = frozenset({"name", "payload", "options"})
 OPTION_FIELDS = frozenset(
-    {"run_at", "delay", "priority", "max_attempts", "queue_name", "job_key", "job_key_mode"}
+    {
+        "run_at",
+        "delay",
+        "priority",
+        "max_attempts",
+        "queue_name",
+        "job_key",
+        "job_key_mode",
+        "limit_key",
+    }
 )
+LIMIT_FIELDS = frozenset({"concurrency", "rate", "per", "per_key"})
+PAUSE_FIELDS = frozenset({"name", "queue_name"})
 LIST_PARAMS = frozenset({"status", "name", "limit"})
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 1000
@@ -43,6 +55,14 @@ _OPTION_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "queue_name": ("a string", (str,)),
     "job_key": ("a string", (str,)),
     "job_key_mode": ("a string", (str,)),
+    "limit_key": ("a string", (str,)),
+}
+
+_LIMIT_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
+    "concurrency": ("an integer", (int,)),
+    "rate": ("an integer", (int,)),
+    "per": ("a number of seconds", (int, float)),
+    "per_key": ("a boolean", (bool,)),
 }
 
 
@@ -350,3 +370,38 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
             raise _invalid("limit", f"must be an integer from 1 to {MAX_LIST_LIMIT}, got {raw!r}")
         limit = int(raw)
     return ListQuery(status, name, limit)
+
+
+def parse_limits(doc: Any) -> LimitSpec:
+    """The body of ``PUT /limits/{name}``: checked limit values (422 naming the field)."""
+    if not isinstance(doc, dict):
+        raise _invalid("the body", f"must be a JSON object, got {json_type(doc)}")
+    _refuse_unknown(doc, LIMIT_FIELDS, "")
+    given: dict[str, Any] = {}
+    for key, value in doc.items():
+        if value is None:
+            continue
+        expected, types = _LIMIT_TYPES[key]
+        if (isinstance(value, bool) and key != "per_key") or not isinstance(value, types):
+            raise _invalid(key, f"must be {expected}, got {json_type(value)}")
+        given[key] = value
+    try:
+        return LimitSpec.check(**given)
+    except ValidationError as exc:
+        raise _invalid("the body", str(exc)) from None
+
+
+def parse_pause(doc: Any) -> tuple[str | None, str | None]:
+    """The body of ``POST /pause`` and ``/resume``: a job name or a queue_name."""
+    if not isinstance(doc, dict):
+        raise _invalid("the body", f"must be a JSON object, got {json_type(doc)}")
+    _refuse_unknown(doc, PAUSE_FIELDS, "")
+    name, queue_name = doc.get("name"), doc.get("queue_name")
+    for key, value in (("name", name), ("queue_name", queue_name)):
+        if value is not None and not isinstance(value, str):
+            raise _invalid(key, f"must be a string, got {json_type(value)}")
+    try:
+        check_target(name, queue_name)
+    except ValidationError as exc:
+        raise _invalid("the body", str(exc)) from None
+    return name, queue_name

@@ -134,7 +134,7 @@ async def _list(queue: Any, args: argparse.Namespace) -> None:
     jobs = await queue.recent(args.limit, status=args.status, name=args.name)
     views = [job_view(j) for j in jobs]
     if args.json:
-        _print_json(views)
+        print_json(views)
         return
     if not views:
         print("no jobs")
@@ -151,7 +151,7 @@ async def _list(queue: Any, args: argparse.Namespace) -> None:
         ]
         for v in views
     ]
-    _print_table(["ID", "NAME", "STATUS", "ATTEMPT", "RUN AT", "CREATED", "ERROR"], rows)
+    print_table(["ID", "NAME", "STATUS", "ATTEMPT", "RUN AT", "CREATED", "ERROR"], rows)
 
 
 async def _get(queue: Any, args: argparse.Namespace) -> None:
@@ -175,17 +175,17 @@ async def _retry(queue: Any, args: argparse.Namespace) -> None:
 async def _counts(queue: Any, args: argparse.Namespace) -> None:
     counts = {status.value: n for status, n in (await queue.counts()).items()}
     if args.json:
-        _print_json(counts)
+        print_json(counts)
         return
     rows = [[status, str(n)] for status, n in counts.items()]
     rows.append(["total", str(sum(counts.values()))])
-    _print_table(["STATUS", "JOBS"], rows)
+    print_table(["STATUS", "JOBS"], rows)
 
 
 async def _workers(queue: Any, args: argparse.Namespace) -> None:
     views = [worker_view(w) for w in await queue.workers()]
     if args.json:
-        _print_json(views)
+        print_json(views)
         return
     if not views:
         print("no workers registered")
@@ -203,7 +203,7 @@ async def _workers(queue: Any, args: argparse.Namespace) -> None:
         ]
         for v in views
     ]
-    _print_table(["ID", "HOST", "PID", "ALIVE", "LEADER", "RUNNING", "HEARTBEAT", "VERSION"], rows)
+    print_table(["ID", "HOST", "PID", "ALIVE", "LEADER", "RUNNING", "HEARTBEAT", "VERSION"], rows)
 
 
 _ACTIONS: dict[str, Callable[[Any, argparse.Namespace], Awaitable[None]]] = {
@@ -219,13 +219,13 @@ _ACTIONS: dict[str, Callable[[Any, argparse.Namespace], Awaitable[None]]] = {
 # ---------------------------------------------------------------- output
 
 
-def _print_json(value: Any) -> None:
+def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False, default=str))
 
 
 def _print_record(view: dict[str, Any], as_json: bool) -> None:
     if as_json:
-        _print_json(view)
+        print_json(view)
         return
     width = max(len(k) for k in view)
     for key, value in view.items():
@@ -233,7 +233,7 @@ def _print_record(view: dict[str, Any], as_json: bool) -> None:
         print(f"{key:<{width}}  {text}")
 
 
-def _print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+def print_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     widths = [max(len(str(c)) for c in column) for column in zip(header, *rows, strict=True)]
     for line in (header, *rows):
         print("  ".join(f"{c:<{w}}" for c, w in zip(line, widths, strict=True)).rstrip())

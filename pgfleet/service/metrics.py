@@ -21,6 +21,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import (
@@ -39,6 +40,7 @@ from pgfleet.db.store import KindStats, Store
 from pgfleet.db.types import Pool
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import Job
+from pgfleet.limits import Paused
 from pgfleet.service.process import env_default
 
 log = logging.getLogger("pgfleet")
@@ -275,6 +277,8 @@ class QueueStats(Collector):
         self.holding = False
         self._rows: list[KindStats] | None = None
         self._alive: int = 0
+        self._waiting: list[tuple[str, str, int]] = []
+        self._paused: list[Paused] = []
         self._took = 0.0
 
     async def refresh(self) -> None:
@@ -287,6 +291,8 @@ class QueueStats(Collector):
                 if self.holding:
                     self._rows = await store.queue_stats()
                     self._alive = await store.workers_alive()
+                    self._waiting = await store.jobs_waiting_on_limit()
+                    self._paused = await store.paused_list()
                 else:
                     self._rows = None
         except Exception as exc:
@@ -337,6 +343,31 @@ class QueueStats(Collector):
             for family in families.values():
                 family.add_metric([name], 0.0)
         yield from families.values()
+        waiting = GaugeMetricFamily(
+            "pgfleet_jobs_waiting_on_limit",
+            "Due jobs held back by flow control, by reason: paused (the name or its queue), "
+            "concurrency or rate (a limit that binds). Adding workers cannot run them.",
+            labels=["kind", "reason"],
+        )
+        labels = NameLabels(self._max_names, self._known, warn=False)
+        summed: dict[tuple[str, str], float] = {}
+        for job_name, reason, count in self._waiting:
+            label = (labels(job_name), reason)
+            summed[label] = summed.get(label, 0.0) + count
+        for (kind, reason), total in sorted(summed.items()):
+            waiting.add_metric([kind, reason], total)
+        yield waiting
+        paused = GaugeMetricFamily(
+            "pgfleet_paused_seconds",
+            "How long a job name (target=job_name) or a named queue (target=queue) has "
+            "been paused.",
+            labels=["target", "name"],
+        )
+        now = datetime.now(UTC)
+        for p in self._paused:
+            target = "job_name" if p.kind == "name" else "queue"
+            paused.add_metric([target, p.name], max((now - p.paused_at).total_seconds(), 0.0))
+        yield paused
         yield GaugeMetricFamily(
             "pgfleet_workers_alive", "Registered workers with a live heartbeat.", value=self._alive
         )

@@ -30,6 +30,7 @@ from pgfleet.jobs import (
     JobKeyMode,
     JobStatus,
 )
+from pgfleet.limits import MAX_LIMIT, MAX_PER_SECONDS, MIN_PER_SECONDS
 from pgfleet.service.api_schema import (
     DEFAULT_LIST_LIMIT,
     JOB_FIELDS,
@@ -114,6 +115,13 @@ _OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
         "maxLength": MAX_JOB_KEY_LENGTH,
         "description": "At most one queued-or-running job per key; "
         "a key may appear once per batch.",
+    },
+    "limit_key": {
+        "type": ["string", "null"],
+        "minLength": 1,
+        "maxLength": MAX_JOB_KEY_LENGTH,
+        "description": "The key flow control counts the job under (a tenant, an account): "
+        "per-key limits apply to each key, and a name's keys take turns.",
     },
     "job_key_mode": {
         "type": ["string", "null"],
@@ -240,6 +248,112 @@ def _schemas(limits: Limits) -> dict[str, Any]:
             "additionalProperties": False,
             "properties": {"jobs": {"type": "array", "items": {"$ref": _REF + "Job"}}},
         },
+        "Limit": {
+            "type": "object",
+            "required": [
+                "name",
+                "concurrency",
+                "rate",
+                "per",
+                "per_key",
+                "source",
+                "paused",
+                "paused_at",
+                "updated_at",
+            ],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"$ref": _REF + "JobName"},
+                "concurrency": {"type": ["integer", "null"]},
+                "rate": {"type": ["integer", "null"]},
+                "per": {"type": "number"},
+                "per_key": {"type": "boolean"},
+                "source": {"type": "string", "enum": ["code", "operator"]},
+                "paused": {"type": "boolean"},
+                "paused_at": {**_TIME, "type": ["string", "null"]},
+                "updated_at": _TIME,
+                "waiting": {
+                    "type": "object",
+                    "additionalProperties": {"type": "integer"},
+                    "description": "Due jobs held back, by reason: paused, concurrency, rate.",
+                },
+            },
+        },
+        "LimitList": {
+            "type": "object",
+            "required": ["limits", "paused_queues"],
+            "additionalProperties": False,
+            "properties": {
+                "limits": {"type": "array", "items": {"$ref": _REF + "Limit"}},
+                "paused_queues": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["kind", "name", "paused_at"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "kind": {"type": "string", "enum": ["queue"]},
+                            "name": {"type": "string"},
+                            "paused_at": _TIME,
+                        },
+                    },
+                },
+            },
+        },
+        "LimitsBody": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "concurrency": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_LIMIT,
+                    "description": "At most this many running at once (held ones included).",
+                },
+                "rate": {
+                    "type": ["integer", "null"],
+                    "minimum": 1,
+                    "maximum": MAX_LIMIT,
+                    "description": "At most this many attempts started in any window of per.",
+                },
+                "per": {
+                    "type": ["number", "null"],
+                    "minimum": MIN_PER_SECONDS,
+                    "maximum": MAX_PER_SECONDS,
+                    "description": "The rate's window in seconds (default 1).",
+                },
+                "per_key": {
+                    "type": ["boolean", "null"],
+                    "description": "Each limit applies to each limit_key on its own.",
+                },
+            },
+        },
+        "PauseTarget": {
+            "type": "object",
+            "additionalProperties": False,
+            "description": "Exactly one of name and queue_name.",
+            "properties": {
+                "name": {"$ref": _REF + "JobName"},
+                "queue_name": {"type": "string", "pattern": _NAME["pattern"]},
+            },
+        },
+        "Paused": {
+            "type": "object",
+            "required": ["name", "queue_name"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": ["string", "null"]},
+                "queue_name": {"type": ["string", "null"]},
+                "paused_at": _TIME,
+                "resumed": {"type": "boolean"},
+            },
+        },
+        "Cleared": {
+            "type": "object",
+            "required": ["name", "cleared"],
+            "additionalProperties": False,
+            "properties": {"name": {"type": "string"}, "cleared": {"type": "boolean"}},
+        },
         "Error": {
             "type": "object",
             "required": ["error"],
@@ -352,6 +466,20 @@ _LIST_PARAMETERS: dict[str, dict[str, Any]] = {
         },
         "description": "How many jobs, newest first.",
     },
+}
+
+
+_LIMIT_NAME = {
+    "name": "name",
+    "in": "path",
+    "required": True,
+    "description": "The job name.",
+    "schema": {"type": "string"},
+}
+
+_pause_body = {
+    "required": True,
+    "content": {_JSON: {"schema": {"$ref": _REF + "PauseTarget"}}},
 }
 
 
@@ -496,6 +624,67 @@ def _paths(limits: Limits) -> dict[str, Any]:
                 requestBody=no_body,
             ),
         },
+        "/limits": {
+            "get": _operation(
+                "listLimits",
+                "Job names with a limit or a pause, and their due jobs waiting on it",
+                {"200": _json("LimitList", "Every limit and pause, by name.")},
+                secured=True,
+            ),
+        },
+        "/limits/{name}": {
+            "put": _operation(
+                "setLimits",
+                "Set a job name's limits for the whole fleet (an operator's value)",
+                {
+                    "200": _json("Limit", "The stored limits."),
+                    **{k: v for k, v in no_body_errors.items() if k != "422"},
+                    "422": _error("An invalid name, an unknown field or a value out of range."),
+                },
+                secured=True,
+                parameters=[_LIMIT_NAME],
+                requestBody={
+                    "required": True,
+                    "content": {_JSON: {"schema": {"$ref": _REF + "LimitsBody"}}},
+                },
+            ),
+            "delete": _operation(
+                "clearLimits",
+                "Remove a job name's limits (a pause stays)",
+                {
+                    "200": _json("Cleared", "Whether the name had limits."),
+                    "422": _error("An invalid job name."),
+                },
+                secured=True,
+                parameters=[_LIMIT_NAME],
+            ),
+        },
+        "/pause": {
+            "post": _operation(
+                "pause",
+                "Stop new starts of a job name or a named queue across the fleet",
+                {
+                    "200": _json("Paused", "Paused (since paused_at)."),
+                    **{k: v for k, v in no_body_errors.items() if k != "422"},
+                    "422": _error("Not exactly one of name and queue_name, or an invalid one."),
+                },
+                secured=True,
+                requestBody=_pause_body,
+            ),
+        },
+        "/resume": {
+            "post": _operation(
+                "resume",
+                "Let a paused job name or named queue start again",
+                {
+                    "200": _json("Paused", "resumed: whether it was paused."),
+                    **{k: v for k, v in no_body_errors.items() if k != "422"},
+                    "422": _error("Not exactly one of name and queue_name, or an invalid one."),
+                },
+                secured=True,
+                requestBody=_pause_body,
+            ),
+        },
         "/healthz": {
             "get": _operation(
                 "healthz",
@@ -559,7 +748,10 @@ def openapi_document(
             "license": {"name": "MIT", "identifier": "MIT"},
         },
         "tags": [
-            {"name": "jobs", "description": "Enqueue, inspect, cancel and retry jobs."},
+            {
+                "name": "jobs",
+                "description": "Enqueue, inspect, cancel and retry jobs; limits and pauses.",
+            },
             {"name": "service", "description": "Health, readiness and this document."},
         ],
         "paths": _paths(limits),

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from pgfleet.jobs import Job, JobStatus, WorkerInfo
+from pgfleet.limits import Limit, Paused
 
 #: States in which ``last_error`` describes the job: it failed for good, or it is
 #: between attempts (queued) or on a later attempt (running) after a failure.
@@ -66,3 +67,25 @@ def worker_view(worker: WorkerInfo) -> dict[str, Any]:
         "heartbeat_at": timestamp(worker.heartbeat_at),
         "expires_at": timestamp(worker.expires_at),
     }
+
+
+def limit_view(limit: Limit, waiting: dict[str, int] | None = None) -> dict[str, Any]:
+    """A job name's flow control; ``waiting``: its due jobs held back, by reason."""
+    view: dict[str, Any] = {
+        "name": limit.name,
+        "concurrency": limit.concurrency,
+        "rate": limit.rate,
+        "per": limit.per,
+        "per_key": limit.per_key,
+        "source": limit.source,
+        "paused": limit.paused,
+        "paused_at": timestamp(limit.paused_at),
+        "updated_at": timestamp(limit.updated_at),
+    }
+    if waiting is not None:
+        view["waiting"] = waiting
+    return view
+
+
+def paused_view(paused: Paused) -> dict[str, Any]:
+    return {"kind": paused.kind, "name": paused.name, "paused_at": timestamp(paused.paused_at)}

@@ -729,3 +729,62 @@ async def test_port_in_use_is_a_clear_error(fleet: Fleet, http: aiohttp.ClientSe
     assert await second.wait() != 0
     assert f"cannot listen on 127.0.0.1:{port} for jobs API" in second.output()
     assert await first.stop() == 0
+
+
+async def test_an_operator_limits_pauses_and_resumes_through_the_api(
+    fleet: Fleet, http: aiohttp.ClientSession, pool: asyncpg.Pool
+) -> None:
+    token = "s3cret-" + uuid.uuid4().hex
+    api = await fleet.api("--auth-free-failures", "20", env={"PGFLEET_API_TOKEN": token})
+    auth = {"Authorization": f"Bearer {token}"}
+    for method, path in (
+        ("GET", "/limits"),
+        ("PUT", "/limits/charge_card"),
+        ("DELETE", "/limits/charge_card"),
+        ("POST", "/pause"),
+        ("POST", "/resume"),
+    ):
+        reply = await call(http, method, api.url + path, json={"name": "x"})
+        assert reply.status == 401, (method, path)
+    bad = await call(
+        http, "PUT", f"{api.url}/limits/charge_card", json={"concurrency": 0}, headers=auth
+    )
+    assert bad.status == 422 and "concurrency" in bad.body["error"]
+    assert await Queue(pool).limits() == []
+    stored = await call(
+        http,
+        "PUT",
+        f"{api.url}/limits/charge_card",
+        json={"concurrency": 5, "rate": 100, "per": 60},
+        headers=auth,
+    )
+    assert stored.status == 200, stored.body
+    assert (stored.body["concurrency"], stored.body["rate"], stored.body["source"]) == (
+        5,
+        100,
+        "operator",
+    )
+    accepted = await post_job(
+        http, api.url, {"name": "charge_card", "options": {"limit_key": "acct-1"}}, headers=auth
+    )
+    assert accepted.status == 202, accepted.body
+    paused = await call(
+        http, "POST", f"{api.url}/pause", json={"name": "charge_card"}, headers=auth
+    )
+    assert paused.status == 200, paused.body
+    listed = await call(http, "GET", f"{api.url}/limits", headers=auth)
+    (row,) = listed.body["limits"]
+    assert (row["paused"], row["waiting"]) == (True, {"paused": 1})
+    both = await call(
+        http, "POST", f"{api.url}/resume", json={"name": "a", "queue_name": "b"}, headers=auth
+    )
+    assert both.status == 422
+    resumed = await call(
+        http, "POST", f"{api.url}/resume", json={"name": "charge_card"}, headers=auth
+    )
+    assert resumed.body["resumed"] is True
+    cleared = await call(http, "DELETE", f"{api.url}/limits/charge_card", headers=auth)
+    assert cleared.body == {"name": "charge_card", "cleared": True}
+    assert await Queue(pool).limits() == []
+    assert await pool.fetchval("SELECT limit_key FROM pgfleet.jobs") == "acct-1"
+    assert await api.stop() == 0

@@ -109,7 +109,8 @@ def backlog_rule(path: Path = ALERTS) -> tuple[float, float]:
     """(threshold seconds, for seconds) of PgfleetBacklogAgeHigh in a rule file."""
     (rule,) = [r for r in alert_rules(path) if r["alert"] == "PgfleetBacklogAgeHigh"]
     match = re.fullmatch(
-        r"max by \(kind\) \(pgfleet_oldest_queued_job_age_seconds\) > (\d+(?:\.\d+)?)",
+        r"max by \(kind\) \(pgfleet_oldest_queued_job_age_seconds"
+        r" unless on \(kind\) \(pgfleet_jobs_waiting_on_limit > 0\)\) > (\d+(?:\.\d+)?)",
         rule["expr"].strip(),
     )
     assert match, f"unexpected backlog expression: {rule['expr']!r}"

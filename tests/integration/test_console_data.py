@@ -215,3 +215,22 @@ async def test_no_console_query_scans_the_jobs_table(pool: asyncpg.Pool) -> None
             nodes = _nodes(json.loads(plan)[0]["Plan"])
             scans = any(n.startswith("Seq Scan jobs") for n in nodes)
             assert scans == what.endswith("(no index: for contrast)"), (what, nodes)
+
+
+async def test_the_overview_shows_limits_pauses_and_the_jobs_waiting_on_them(
+    pool: asyncpg.Pool,
+) -> None:
+    from pgfleet import EnqueueRequest
+    from pgfleet.service.console.pages import Frame, overview_page
+
+    queue = Queue(pool)
+    await queue.set_limits("charge_card", concurrency=5, rate=100, per=60)
+    await queue.enqueue_many([EnqueueRequest("report", {}) for _ in range(3)])
+    await queue.pause("report")
+    await queue.pause(queue_name="ledger")
+    data = await ConsoleData(pool, queue).overview()
+    assert [lim.name for lim in data.limits] == ["charge_card", "report"]
+    assert data.waiting == [("report", "paused", 3)]
+    page = str(overview_page(Frame(csrf=None, title="Overview", section="overview"), data, None))
+    assert "Flow control" in page and "100 per 60 s" in page
+    assert "3 paused" in page and "queue ledger" in page

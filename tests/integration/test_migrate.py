@@ -20,6 +20,10 @@ EXPECTED_TABLES = {
     "schema_migrations",
     "revoked_credentials",
     "console_sessions",
+    "limits",
+    "queue_pauses",
+    "flow_turns",
+    "limit_starts",
 }
 EXPECTED_INDEXES = {
     "jobs_pkey",
@@ -30,6 +34,9 @@ EXPECTED_INDEXES = {
     "jobs_running_worker",
     "jobs_finished",
     "jobs_failed_name",
+    "jobs_free",
+    "jobs_flow_queued",
+    "jobs_limited_running",
 }
 
 
@@ -55,7 +62,15 @@ async def test_migrate_builds_the_expected_schema(pool: asyncpg.Pool) -> None:
     }
     assert set(indexes) == EXPECTED_INDEXES
     # Claim-path indexes are partial, so retained history stays out of them.
-    for name in ("jobs_runnable", "jobs_queue_head", "jobs_key_active", "jobs_running_worker"):
+    for name in (
+        "jobs_runnable",
+        "jobs_queue_head",
+        "jobs_key_active",
+        "jobs_running_worker",
+        "jobs_free",
+        "jobs_flow_queued",
+        "jobs_limited_running",
+    ):
         assert " WHERE " in indexes[name], name
     statuses = await pool.fetchval("SELECT enum_range(NULL::pgfleet.job_status)::text")
     assert statuses == "{queued,running,succeeded,failed,cancelled}"

@@ -112,6 +112,21 @@ async def test_every_answer_matches_the_document(api: Conformance, pool: asyncpg
     assert (await api.call("POST", "/jobs", json={"name": "bad name"}))[0] == 422
     assert (await api.call("POST", "/jobs", json={"jobs": [{"name": "x"}] * 11}))[0] == 413
     assert (await api.call("GET", "/jobs", params={"limit": "0"}))[0] == 422
+    # Flow control: limits and pauses.
+    limits_path = "/limits/charge"
+    put = {"concurrency": 2, "rate": 10, "per": 1.5, "per_key": True}
+    assert (await api.call("PUT", "/limits/{name}", limits_path, json=put))[0] == 200
+    assert (await api.call("PUT", "/limits/{name}", limits_path, json={"rate": 0}))[0] == 422
+    assert (await api.call("PUT", "/limits/{name}", "/limits/bad%20name", json=put))[0] == 422
+    assert (await api.call("PUT", "/limits/{name}", limits_path, data=b"{"))[0] in (400, 415)
+    assert (await api.call("POST", "/pause", json={"name": "charge"}))[0] == 200
+    assert (await api.call("POST", "/pause", json={"queue_name": "billing"}))[0] == 200
+    assert (await api.call("POST", "/pause", json={}))[0] == 422
+    assert (await api.call("GET", "/limits"))[0] == 200
+    assert (await api.call("POST", "/resume", json={"name": "charge"}))[0] == 200
+    assert (await api.call("POST", "/resume", json={"queue_name": "billing"}))[0] == 200
+    assert (await api.call("DELETE", "/limits/{name}", limits_path))[0] == 200
+    assert (await api.call("DELETE", "/limits/{name}", "/limits/bad%20name"))[0] == 422
     assert (await api.call("GET", "/healthz"))[0] == 200
     assert (await api.call("GET", "/readyz"))[0] == 200
     assert (await api.call("GET", "/openapi.json"))[0] == 200

@@ -89,24 +89,26 @@ async def test_concurrent_enqueues_keep_one_notifying_statement_in_flight(
 # ------------------------------------------------------------------ the claim plan
 
 
-async def _claim_plan(conn: asyncpg.Connection) -> dict[str, Any]:
-    """The plan the claim loop's session executes for job_complete_and_claim: the
-    session settings of claim_session_begin, the statement prepared once, run five
-    times (when Postgres would otherwise settle on custom plans), then explained."""
+async def _claim_plan(conn: asyncpg.Connection, query: Any = None) -> dict[str, Any]:
+    """The plan the claim loop's session executes for job_complete_and_claim (or
+    ``query``, its lean form): the session settings of claim_session_begin, the
+    statement prepared once, run five times (when Postgres would otherwise settle on
+    custom plans), then explained."""
     await conn.execute(Q.claim_session_begin.sql)
+    name = "claim_lean" if query is Q.job_complete_and_claim_lean else "claim"
     await conn.execute(
-        "PREPARE claim(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, int, "
-        "uuid[], float8[]) AS " + Q.job_complete_and_claim.sql
+        f"PREPARE {name}(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, int, "
+        "uuid[], float8[]) AS " + (query or Q.job_complete_and_claim).sql
     )
     args = "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16, 4, '{}', '{}'"
     for _ in range(5):
-        await conn.execute(f"BEGIN; EXECUTE claim({args}); ROLLBACK")
-    raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE claim({args})")
+        await conn.execute(f"BEGIN; EXECUTE {name}({args}); ROLLBACK")
+    raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE {name}({args})")
     counts = await conn.fetchrow(
-        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = 'claim'"
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE name = $1", name
     )
     assert counts is not None
-    await conn.execute("DEALLOCATE claim")
+    await conn.execute(f"DEALLOCATE {name}")
     await conn.execute(Q.claim_session_end.sql)
     plan: dict[str, Any] = json.loads(raw)[0]
     plan["counts"] = dict(counts)
@@ -145,29 +147,40 @@ async def test_the_claim_plan_after_truncate_with_stale_statistics(database: str
     conn = await asyncpg.connect(database)
     try:
         await _stale_statistics_after_truncate(conn)
-        plan = await _claim_plan(conn)
-        # Planned once: the cached generic plan, not a fresh custom plan per round.
-        assert plan["counts"]["custom_plans"] == 0
-        assert plan["counts"]["generic_plans"] >= 5
-        # The statistics make the plan look expensive, yet it is never JIT-compiled
-        # (that compilation, every round, was the 80-130 ms pickup tail).
-        assert plan["Plan"]["Total Cost"] > 100_000
-        assert "JIT" not in plan
-        nodes = _nodes(plan["Plan"])
-        scans = {(n["Node Type"], n.get("Index Name")) for n in nodes if "Relation Name" in n}
-        # The pick walks the runnable index in claim order; the updates find rows by
-        # primary key; nothing scans the table or its retained history.
-        assert ("Index Scan", "jobs_runnable") in scans
-        assert ("Index Scan", "jobs_pkey") in scans
-        assert not any(n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan", "Sort") for n in nodes)
-        assert not any(n["Node Type"] in ("Hash Join", "Merge Join") for n in nodes)
-        # The named-queue checks are per-candidate probes, never a hashed scan.
-        assert not any(n.get("Subplan Name", "").startswith("hashed") for n in nodes)
-        # The claim loop's session hands its connection back with default settings.
-        assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
-        assert await conn.fetchval("SHOW jit") == "on"
+        for query in (Q.job_complete_and_claim_lean, Q.job_complete_and_claim):
+            await _check_claim_plan(conn, query)
     finally:
         await conn.close()
+
+
+async def _check_claim_plan(conn: asyncpg.Connection, query: Any) -> None:
+    plan = await _claim_plan(conn, query)
+    # Planned once: the cached generic plan, not a fresh custom plan per round.
+    assert plan["counts"]["custom_plans"] == 0
+    assert plan["counts"]["generic_plans"] >= 5
+    # The statistics make the plan look expensive, yet it is never JIT-compiled
+    # (that compilation, every round, was the 80-130 ms pickup tail).
+    assert plan["Plan"]["Total Cost"] > 100_000
+    assert "JIT" not in plan
+    nodes = _nodes(plan["Plan"])
+    scans = {(n["Node Type"], n.get("Index Name")) for n in nodes if "Relation Name" in n}
+    # The pick walks the runnable index in claim order (the one without the jobs
+    # under flow control); the updates find rows by primary key; nothing scans
+    # the table or its retained history.
+    assert ("Index Scan", "jobs_free") in scans
+    assert ("Index Scan", "jobs_pkey") in scans
+    bad = [
+        (n["Node Type"], n.get("Relation Name"))
+        for n in nodes
+        if n["Node Type"] in ("Seq Scan", "Bitmap Heap Scan", "Sort")
+    ]
+    assert not bad, bad
+    assert not any(n["Node Type"] in ("Hash Join", "Merge Join") for n in nodes)
+    # The named-queue checks are per-candidate probes, never a hashed scan.
+    assert not any(n.get("Subplan Name", "").startswith("hashed") for n in nodes)
+    # The claim loop's session hands its connection back with default settings.
+    assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
+    assert await conn.fetchval("SHOW jit") == "on"
 
 
 async def test_a_worker_claims_with_one_plan(database: str) -> None:
@@ -202,9 +215,11 @@ async def test_a_worker_claims_with_one_plan(database: str) -> None:
         finally:
             for conn in held:
                 await pool.release(conn)
-        assert len(plans) == 1
-        assert plans[0]["custom_plans"] == 0
-        assert plans[0]["generic_plans"] >= 30  # two slots, 60 jobs: many rounds
+        # The full statement (the first round) and the lean one (the others: nothing
+        # is limited), each planned once.
+        assert len(plans) == 2
+        assert all(p["custom_plans"] == 0 for p in plans)
+        assert sum(p["generic_plans"] for p in plans) >= 30  # two slots, 60 jobs
     finally:
         await pool.close()
 

@@ -25,7 +25,13 @@ from tests.helpers import put_in_state
 from tests.kubernetes.support import ROOT, find, render, trigger
 
 #: Partial indexes of pgfleet.jobs that hold no finished job (0001_init.sql).
-LIVE_INDEXES = {"jobs_runnable", "jobs_running_worker", "jobs_queue_running", "jobs_queue_head"}
+LIVE_INDEXES = {
+    "jobs_runnable",
+    "jobs_running_worker",
+    "jobs_queue_running",
+    "jobs_queue_head",
+    "jobs_free",
+}
 FINISHED_ROWS = 1_000_000
 
 

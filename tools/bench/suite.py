@@ -857,6 +857,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await drop_database(args.dsn, args.database)
 
 
+async def _suite_flow(bench: Bench, dsn: str) -> None:
+    from tools.bench.flow import suite_flow  # it imports this module's Result
+
+    await suite_flow(bench, dsn)
+
+
 SUITE_FUNCTIONS: dict[str, Callable[[Bench, str], Awaitable[None]]] = {
     "enqueue": suite_enqueue,
     "drain": suite_drain,
@@ -864,6 +870,8 @@ SUITE_FUNCTIONS: dict[str, Callable[[Bench, str], Awaitable[None]]] = {
     "retention": suite_retention,
     # Not in the default set: it needs --pooled-dsn.
     "pgbouncer": suite_pgbouncer,
+    # Not in the default set: flow control's costs (tools/bench/flow.py).
+    "flow": _suite_flow,
 }
 
 

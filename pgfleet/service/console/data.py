@@ -4,7 +4,7 @@ own pool."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -12,6 +12,7 @@ from pgfleet.db.deadlines import AppPool
 from pgfleet.db.store import KindStats, Store
 from pgfleet.db.types import Record
 from pgfleet.jobs import JobStatus, WorkerInfo, validate_name
+from pgfleet.limits import Limit, Paused
 from pgfleet.queue import Queue
 
 MIN_ID = UUID(int=0)
@@ -70,6 +71,11 @@ class Overview:
     names: list[KindStats]
     workers: list[WorkerInfo]
     leases: list[Record]
+    #: Flow control: every name's limits and pause, paused queues, and the due
+    #: jobs waiting on them as (name, reason, count).
+    limits: list[Limit] = field(default_factory=list)
+    paused_queues: list[Paused] = field(default_factory=list)
+    waiting: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 class ConsoleData:
@@ -113,8 +119,13 @@ class ConsoleData:
             now = await store.console_now()
             names = await store.queue_stats()
             leases = await store.console_leases()
+            limits = await store.limits_list()
+            paused = [p for p in await store.paused_list() if p.kind == "queue"]
+            waiting = await store.jobs_waiting_on_limit()
         workers = await self.queue.workers()
-        return Overview(now, sorted(names, key=lambda r: r.name), workers, leases)
+        return Overview(
+            now, sorted(names, key=lambda r: r.name), workers, leases, limits, paused, waiting
+        )
 
     async def now(self) -> datetime:
         return await self.store.console_now()

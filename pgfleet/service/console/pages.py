@@ -279,6 +279,7 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
             per_name,
             "No queued, running or dead jobs.",
         ),
+        *_flow_section(data),
         el("h2", None, "Fleet roles"),
         table(["Role", "Holder", "Live", "Since", "Expires"], roles, "No leader or lease yet."),
         el(
@@ -288,6 +289,39 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
             el("button", {"type": "button", "id": "refresh-toggle", "hidden": True}, "Pause"),
         ),
     )
+
+
+def _flow_section(data: Overview) -> list[Markup]:
+    """Limits, pauses and the due jobs waiting on them (nothing when none)."""
+    if not data.limits and not data.paused_queues:
+        return []
+    waiting: dict[str, list[str]] = {}
+    for name, reason, n in data.waiting:
+        waiting.setdefault(name, []).append(f"{n} {reason}")
+    rows: list[Sequence[Child]] = [
+        (
+            el("a", {"href": url(f"{BASE}/jobs", name=lim.name)}, lim.name),
+            "" if lim.concurrency is None else lim.concurrency,
+            "" if lim.rate is None else f"{lim.rate} per {lim.per:g} s",
+            "yes" if lim.per_key else "",
+            lim.source,
+            when(lim.paused_at, data.now),
+            ", ".join(waiting.get(lim.name, [])),
+        )
+        for lim in data.limits
+    ]
+    rows += [
+        (f"queue {p.name}", "", "", "", "operator", when(p.paused_at, data.now), "")
+        for p in data.paused_queues
+    ]
+    return [
+        el("h2", None, "Flow control"),
+        table(
+            ["Name", "Concurrency", "Rate", "Per key", "Source", "Paused since", "Waiting"],
+            rows,
+            "No limits and no pauses.",
+        ),
+    ]
 
 
 def card(label: str, value: object, href: str) -> Markup:

@@ -141,6 +141,11 @@ def test_each_operation_names_the_access_and_roles_its_handler_declares() -> Non
         "listJobs": ["operator", "viewer"],
         "cancelJob": ["operator"],
         "retryJob": ["operator"],
+        "listLimits": ["operator", "viewer"],
+        "setLimits": ["operator"],
+        "clearLimits": ["operator"],
+        "pause": ["operator"],
+        "resume": ["operator"],
     }
     assert ops["healthz"]["x-pgfleet-access"] == "public"
     assert api._openapi["x-pgfleet-roles"]["producer"] == ["enqueue", "read_job"]

@@ -1,0 +1,339 @@
+"""Flow control against a real Postgres: limits and pauses as the library stores
+them, and what in-process workers claim under them (real processes, many slots
+and the rate windows: tests/acceptance/test_flow_processes.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import math
+from typing import Any
+
+import asyncpg
+import pytest
+
+from pgfleet import (
+    EnqueueOptions,
+    EnqueueRequest,
+    InvalidName,
+    InvalidOptions,
+    Job,
+    Queue,
+    Registry,
+    WorkerConfig,
+)
+from tests.integration.conftest import FAST, Recorder, running_worker
+from tools.devkit import until
+
+
+def _registry(*names: str, **limits: Any) -> Registry:
+    registry = Registry()
+
+    async def handler(job: Job, payload: Any) -> None:
+        await asyncio.sleep(0)
+
+    for name in names:
+        registry.register(name, handler, **(limits if name == names[0] else {}))
+    return registry
+
+
+async def _status_counts(pool: asyncpg.Pool, name: str) -> dict[str, int]:
+    rows = await pool.fetch(
+        "SELECT status::text, count(*) FROM pgfleet.jobs WHERE name = $1 GROUP BY 1", name
+    )
+    return {r[0]: r[1] for r in rows}
+
+
+# ---------------------------------------------------------------- storing limits
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"concurrency": 0},
+        {"concurrency": -1},
+        {"concurrency": 1.5},
+        {"concurrency": True},
+        {"rate": 0},
+        {"rate": -5},
+        {"rate": 10, "per": 0},
+        {"rate": 10, "per": -1},
+        {"rate": 10, "per": math.inf},
+        {"rate": 10, "per": math.nan},
+        {"rate": 10, "per": 10**9},
+        {"rate": 10, "per": "1s"},
+        {"concurrency": 10_000_000},
+        {},
+        {"concurrency": 2, "per_key": "yes"},
+    ],
+)
+async def test_bad_limits_are_refused_and_write_nothing(
+    pool: asyncpg.Pool, bad: dict[str, Any]
+) -> None:
+    queue = Queue(pool)
+    with pytest.raises(InvalidOptions):
+        await queue.set_limits("charge_card", **bad)
+    assert await queue.limits() == []
+
+
+async def test_an_invalid_job_name_is_refused_everywhere(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    for call in (
+        queue.set_limits("no spaces", concurrency=1),
+        queue.clear_limits("no spaces"),
+        queue.pause("bad/name"),
+        queue.pause(queue_name="bad name"),
+        queue.resume("x" * 129),
+    ):
+        with pytest.raises(InvalidName):
+            await call
+    with pytest.raises(InvalidOptions):
+        await queue.pause()
+    with pytest.raises(InvalidOptions):
+        await queue.pause("a", queue_name="b")
+    assert await queue.limits() == [] and await queue.paused() == []
+
+
+async def test_limits_are_set_read_back_and_cleared(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    stored = await queue.set_limits("send_sms", rate=100, per=dt.timedelta(minutes=1))
+    assert (stored.name, stored.concurrency, stored.rate, stored.per) == ("send_sms", None, 100, 60)
+    assert stored.source == "operator" and not stored.paused
+    await queue.set_limits("export", concurrency=2, per_key=True)
+    assert [(lim.name, lim.concurrency, lim.per_key) for lim in await queue.limits()] == [
+        ("export", 2, True),
+        ("send_sms", None, False),
+    ]
+    assert await queue.clear_limits("send_sms") is True
+    assert await queue.clear_limits("send_sms") is False
+    assert [lim.name for lim in await queue.limits()] == ["export"]
+
+
+async def test_clearing_the_limits_of_a_paused_name_keeps_the_pause(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.set_limits("export", concurrency=3)
+    await queue.pause("export")
+    assert await queue.clear_limits("export") is True
+    (row,) = await queue.limits()
+    assert (row.concurrency, row.rate, row.paused) == (None, None, True)
+    assert await queue.resume("export") is True
+    assert await queue.limits() == []
+
+
+async def test_a_code_default_is_in_the_database_before_the_first_claim(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    await queue.enqueue("charge_card", {})
+    seen: list[Any] = []
+    registry = Registry()
+
+    @registry.job("charge_card", concurrency=5, rate=20, per=2)
+    async def charge_card(job: Job, payload: Any) -> None:
+        seen.extend(await queue.limits())  # the first claim's job reads them
+
+    recorder = Recorder()
+    async with running_worker(pool, registry, WorkerConfig(**FAST), recorder):
+        await recorder.until(lambda: len(recorder.finished) == 1)
+    (limit,) = seen
+    assert (limit.concurrency, limit.rate, limit.per, limit.source) == (5, 20, 2.0, "code")
+
+
+async def test_an_operator_value_wins_over_the_code_default(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.set_limits("charge_card", concurrency=9)
+    registry = _registry("charge_card", concurrency=5)
+    async with running_worker(pool, registry, WorkerConfig(**FAST)) as (worker, _):
+        await worker.wait_started()
+    (limit,) = await queue.limits()
+    assert (limit.concurrency, limit.source) == (9, "operator")
+
+
+# ---------------------------------------------------------------- pause
+
+
+async def test_a_paused_name_starts_nothing_and_its_enqueues_are_kept(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.pause("report")
+    await queue.enqueue_many([EnqueueRequest("report", {"i": i}) for i in range(10)])
+    await queue.enqueue_many([EnqueueRequest("other", {"i": i}) for i in range(10)])
+    recorder = Recorder()
+    registry = _registry("report", "other")
+    async with running_worker(pool, registry, WorkerConfig(**FAST), recorder):
+        await recorder.until(lambda: len(recorder.outcomes("succeeded")) == 10)
+        # Rounds that claimed the other name have seen the pause: nothing of it ran.
+        assert await _status_counts(pool, "report") == {"queued": 10}
+        assert {j.name for j in recorder.outcomes("succeeded")} == {"other"}
+        assert [(p.kind, p.name) for p in await queue.paused()] == [("name", "report")]
+        assert await queue.resume("report") is True
+        await recorder.until(lambda: len(recorder.outcomes("succeeded")) == 20)
+    assert await _status_counts(pool, "report") == {"succeeded": 10}
+    assert await queue.paused() == []
+
+
+async def test_pausing_a_running_fleet_stops_new_starts_within_one_round(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    gate = asyncio.Event()
+    registry = Registry()
+    started: list[int] = []
+
+    @registry.job("step")
+    async def step(job: Job, payload: dict[str, int]) -> None:
+        started.append(payload["i"])
+        await gate.wait()
+
+    await queue.enqueue_many([EnqueueRequest("step", {"i": i}) for i in range(20)])
+    config = WorkerConfig(concurrency=2, prefetch=0, **FAST)
+    recorder = Recorder()
+    async with running_worker(pool, registry, config, recorder):
+        await recorder.until(lambda: len(started) == 2)
+        await queue.pause("step")
+        gate.set()  # the two running jobs finish; their slots come free
+        await recorder.until(lambda: len(recorder.finished) == 2)
+        # Each finish was written by a claim round that also claimed: none started.
+        await until(lambda: _status_equals(pool, {"queued": 18, "succeeded": 2}))
+        assert len(started) == 2
+        await queue.resume("step")
+        await recorder.until(lambda: len(recorder.finished) == 20)
+
+
+async def _status_equals(pool: asyncpg.Pool, want: dict[str, int]) -> bool:
+    return await _status_counts(pool, "step") == want
+
+
+async def test_a_paused_named_queue_starts_nothing_while_other_queues_run(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    await queue.pause(queue_name="tenant-a")
+    for i in range(5):
+        await queue.enqueue("job", {"i": i}, options=EnqueueOptions(queue_name="tenant-a"))
+        await queue.enqueue("job", {"i": i}, options=EnqueueOptions(queue_name="tenant-b"))
+    recorder = Recorder()
+    async with running_worker(pool, _registry("job"), WorkerConfig(**FAST), recorder):
+        await recorder.until(lambda: len(recorder.finished) == 5)
+        assert {j.queue_name for j, _ in recorder.finished} == {"tenant-b"}
+        assert [(p.kind, p.name) for p in await queue.paused()] == [("queue", "tenant-a")]
+        assert await queue.resume(queue_name="tenant-a") is True
+        await recorder.until(lambda: len(recorder.finished) == 10)
+
+
+# ---------------------------------------------------------------- limits in process
+
+
+async def test_a_concurrency_limit_holds_across_two_workers(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.set_limits("limited", concurrency=3)
+    running = 0
+    peak = 0
+    registry = Registry()
+
+    @registry.job("limited")
+    async def limited(job: Job, payload: Any) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.02)
+        running -= 1
+
+    await queue.enqueue_many([EnqueueRequest("limited", {"i": i}) for i in range(60)])
+    recorder = Recorder()
+    config = WorkerConfig(concurrency=8, **FAST)
+    async with (
+        running_worker(pool, registry, config, recorder),
+        running_worker(pool, registry, config, recorder),
+    ):
+        await recorder.until(lambda: len(recorder.finished) == 60)
+    assert peak == 3
+
+
+async def test_keys_take_turns_that_carry_across_small_rounds(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    # One key's backlog first, then three other keys with two jobs each.
+    await queue.enqueue_many(
+        [EnqueueRequest("export", {"k": "big"}, EnqueueOptions(limit_key="big")) for _ in range(30)]
+    )
+    for key in ("a", "b", "c"):
+        await queue.enqueue_many(
+            [EnqueueRequest("export", {"k": key}, EnqueueOptions(limit_key=key)) for _ in range(2)]
+        )
+    order: list[str] = []
+    registry = Registry()
+
+    @registry.job("export")
+    async def export(job: Job, payload: dict[str, str]) -> None:
+        order.append(payload["k"])
+
+    recorder = Recorder()
+    config = WorkerConfig(concurrency=1, prefetch=0, **FAST)  # one job per round
+    async with running_worker(pool, registry, config, recorder):
+        await recorder.until(lambda: len(recorder.finished) == 36)
+    # Rounds of one job each still go round the keys: every key's first job is
+    # among the first four, and the small keys are done within eight.
+    assert set(order[:4]) == {"big", "a", "b", "c"}
+    assert order[:8].count("big") == 2 and set(order[8:]) == {"big"}
+
+
+async def test_a_per_key_limit_bounds_each_key(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.set_limits("sync", concurrency=2, per_key=True)
+    running: dict[str, int] = {}
+    peaks: dict[str, int] = {}
+    registry = Registry()
+
+    @registry.job("sync")
+    async def sync(job: Job, payload: dict[str, str]) -> None:
+        key = payload["k"]
+        running[key] = running.get(key, 0) + 1
+        peaks[key] = max(peaks.get(key, 0), running[key])
+        await asyncio.sleep(0.02)
+        running[key] -= 1
+
+    for key in ("a", "b", "c"):
+        await queue.enqueue_many(
+            [EnqueueRequest("sync", {"k": key}, EnqueueOptions(limit_key=key)) for _ in range(12)]
+        )
+    recorder = Recorder()
+    async with running_worker(pool, registry, WorkerConfig(concurrency=16, **FAST), recorder):
+        await recorder.until(lambda: len(recorder.finished) == 36)
+    assert peaks == {"a": 2, "b": 2, "c": 2}
+
+
+async def test_jobs_waiting_on_a_limit_are_counted_by_reason(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("held", {}) for _ in range(4)])
+    await queue.enqueue_many([EnqueueRequest("free", {}) for _ in range(3)])
+    await queue.pause("held")
+    assert await queue.waiting_on_limits() == [("held", "paused", 4)]
+    await queue.resume("held")
+    await queue.set_limits("held", concurrency=1)
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET status = 'running', limited = true, lock_token = gen_random_uuid()"
+        " WHERE id = (SELECT id FROM pgfleet.jobs WHERE name = 'held' LIMIT 1)"
+    )
+    assert await queue.waiting_on_limits() == [("held", "concurrency", 3)]
+
+
+async def test_the_metrics_show_jobs_waiting_on_a_pause_and_how_long_it_lasts(
+    pool: asyncpg.Pool,
+) -> None:
+    from pgfleet.service.metrics import QueueStats  # the service extra
+
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("held", {}) for _ in range(4)])
+    await queue.pause("held")
+    await queue.pause(queue_name="ledger")
+    stats = QueueStats(pool)
+    await stats.refresh()
+    families = {f.name: f for f in stats.collect()}
+    waiting = {
+        (s.labels["kind"], s.labels["reason"]): s.value
+        for s in families["pgfleet_jobs_waiting_on_limit"].samples
+    }
+    assert waiting == {("held", "paused"): 4}
+    paused = {
+        (s.labels["target"], s.labels["name"]) for s in families["pgfleet_paused_seconds"].samples
+    }
+    assert paused == {("job_name", "held"), ("queue", "ledger")}
