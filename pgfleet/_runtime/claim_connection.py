@@ -34,6 +34,7 @@ class ClaimStore(Protocol):
         limit: int,
         start: int,
         started: Sequence[uuid.UUID],
+        flow: bool = True,
     ) -> list[Record]: ...
 
     async def job_release_unknown(

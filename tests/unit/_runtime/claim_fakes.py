@@ -153,6 +153,7 @@ class FakeStore:
         limit: int,
         start: int,
         started: Sequence[uuid.UUID],
+        flow: bool = True,
     ) -> list[Record]:
         self._use("job_complete_and_claim")
         db = self._db
