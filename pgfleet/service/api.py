@@ -45,6 +45,7 @@ from pgfleet.service.api_schema import (
     RequestError,
     check_content_type,
     decode_json,
+    parse_batch,
     parse_enqueue,
     parse_list_query,
 )
@@ -53,7 +54,7 @@ from pgfleet.service.guard import Peer
 from pgfleet.service.http import database_ready
 from pgfleet.service.openapi import openapi_document
 from pgfleet.service.redaction import Redactor
-from pgfleet.service.views import job_view
+from pgfleet.service.views import batch_view, job_view, relative_view
 
 log = logging.getLogger("pgfleet")
 access_log = logging.getLogger("pgfleet.access")
@@ -65,6 +66,8 @@ PEER = web.RequestKey("pgfleet_peer", Peer)
 CREDENTIAL = web.RequestKey("pgfleet_credential", Credential)
 #: The console's routes: it signs in with sessions, not bearer tokens.
 CONSOLE_PREFIX = "/ui"
+#: Parents and children listed per job by /jobs/{id}/dependencies.
+MAX_RELATIVES = 1000
 
 #: Request latency: 1 ms .. 30 s (an enqueue waiting on a busy database included).
 LATENCY_BUCKETS = (
@@ -182,6 +185,9 @@ class JobsApi:
         app.router.add_get("/jobs/{id}", self.get_job)
         app.router.add_post("/jobs/{id}/cancel", self.cancel_job)
         app.router.add_post("/jobs/{id}/retry", self.retry_job)
+        app.router.add_get("/jobs/{id}/dependencies", self.job_dependencies)
+        app.router.add_post("/batches", self.enqueue_batch)
+        app.router.add_get("/batches/{id}", self.get_batch)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/openapi.json", self.openapi)
@@ -352,6 +358,39 @@ class JobsApi:
         job = await self.queue.retry(request.match_info["id"])
         audit(request[CREDENTIAL], request[PEER], "retry job %s (%s)", job.id, job.name)
         return web.json_response(self._view(job))
+
+    @requires(Access.READ_JOB)
+    async def job_dependencies(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        job = await self.queue.get(job_id)
+        if job is None:
+            raise RequestError(404, f"no job with id {job_id}", {"id": job_id})
+        parents = await self.queue.parents(job.id, limit=MAX_RELATIVES)
+        children = await self.queue.children(job.id, limit=MAX_RELATIVES)
+        return web.json_response(
+            {
+                "parents": [relative_view(r) for r in parents],
+                "children": [relative_view(r) for r in children],
+            }
+        )
+
+    @requires(Access.ENQUEUE)
+    async def enqueue_batch(self, request: web.Request) -> web.Response:
+        members, callback = parse_batch(await self._read_json(request), self._limits)
+        await self._admit(EnqueueBody(members, batch=True))
+        batch_id, ids = await self.queue.enqueue_batch(members, callback=callback)
+        statuses = await self._statuses(members, ids)
+        jobs = [{"id": str(i), "status": s} for i, s in zip(ids, statuses, strict=True)]
+        return web.json_response(
+            {"id": str(batch_id), "jobs": jobs},
+            status=202,
+            headers={"Location": f"/batches/{batch_id}"},
+        )
+
+    @requires(Access.READ_JOB)
+    async def get_batch(self, request: web.Request) -> web.Response:
+        progress = await self.queue.batch_progress(request.match_info["id"])
+        return web.json_response(batch_view(progress))
 
     @requires(Access.OBSERVE)
     async def list_jobs(self, request: web.Request) -> web.Response:

@@ -20,8 +20,19 @@ from pgfleet.payloads import encode_payload
 
 JOB_FIELDS = frozenset({"name", "payload", "options"})
 OPTION_FIELDS = frozenset(
-    {"run_at", "delay", "priority", "max_attempts", "queue_name", "job_key", "job_key_mode"}
+    {
+        "run_at",
+        "delay",
+        "priority",
+        "max_attempts",
+        "queue_name",
+        "job_key",
+        "job_key_mode",
+        "after",
+        "run_anyway",
+    }
 )
+BATCH_FIELDS = frozenset({"jobs", "callback"})
 LIST_PARAMS = frozenset({"status", "name", "limit"})
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 1000
@@ -43,6 +54,8 @@ _OPTION_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "queue_name": ("a string", (str,)),
     "job_key": ("a string", (str,)),
     "job_key_mode": ("a string", (str,)),
+    "after": ("an array of job ids and indexes of jobs of the same batch", (list,)),
+    "run_anyway": ("a boolean", (bool,)),
 }
 
 
@@ -176,6 +189,31 @@ def parse_enqueue(doc: Any, limits: Limits) -> EnqueueBody:
     return EnqueueBody(requests, batch=True)
 
 
+def parse_batch(doc: Any, limits: Limits) -> tuple[list[EnqueueRequest], EnqueueRequest]:
+    """``{"jobs": [...], "callback": {...}}``: a batch's members and its callback."""
+    if not isinstance(doc, dict):
+        raise RequestError(
+            422, f"the body must be a JSON object, got {json_type(doc)}", {"expected": "object"}
+        )
+    _refuse_unknown(doc, BATCH_FIELDS, "")
+    if "callback" not in doc:
+        raise _invalid("callback", "is required")
+    members = parse_enqueue({"jobs": doc.get("jobs")}, limits).requests
+    if len(members) >= limits.max_batch:
+        raise RequestError(
+            413,
+            f"a batch of {len(members)} jobs and its callback is over the limit of "
+            f"{limits.max_batch} per request",
+            {"field": "jobs", "count": len(members) + 1, "max_batch": limits.max_batch},
+        )
+    callback = parse_job(doc["callback"], "callback.", limits)
+    if callback.options.after:
+        raise _invalid("callback.options.after", "is set by the batch (every member)")
+    if not (callback.payload is None or isinstance(callback.payload, dict)):
+        raise _invalid("callback.payload", "must be a JSON object or null")
+    return members, callback
+
+
 def parse_job(obj: Any, path: str, limits: Limits) -> EnqueueRequest:
     where = path.rstrip(".") or "the body"
     if not isinstance(obj, dict):
@@ -227,8 +265,17 @@ def parse_options(obj: Any, path: str) -> EnqueueOptions:
             continue  # null means "the default"
         field = f"{path}.{key}"
         expected, types = _OPTION_TYPES[key]
+        if key == "run_anyway":
+            if not isinstance(value, bool):
+                raise _invalid(field, f"must be {expected}, got {json_type(value)}")
+            given[key] = value  # checked with after, below
+            continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise _invalid(field, f"must be {expected}, got {json_type(value)}")
+        if key == "after":
+            value = tuple(value)
+            if any(isinstance(v, bool) or not isinstance(v, str | int) for v in value):
+                raise _invalid(field, f"must be {expected}")
         if isinstance(value, str) and key == "run_at":
             value = parse_rfc3339(value, field)
         try:  # each option alone first, so the error names its field

@@ -275,6 +275,7 @@ class QueueStats(Collector):
         self.holding = False
         self._rows: list[KindStats] | None = None
         self._alive: int = 0
+        self._waiting: dict[str, int] = {}
         self._took = 0.0
 
     async def refresh(self) -> None:
@@ -287,6 +288,7 @@ class QueueStats(Collector):
                 if self.holding:
                     self._rows = await store.queue_stats()
                     self._alive = await store.workers_alive()
+                    self._waiting = await store.job_count_waiting()
                 else:
                     self._rows = None
         except Exception as exc:
@@ -337,6 +339,20 @@ class QueueStats(Collector):
             for family in families.values():
                 family.add_metric([name], 0.0)
         yield from families.values()
+        waiting = GaugeMetricFamily(
+            "pgfleet_jobs_waiting_on_parents",
+            "Jobs enqueued with parents (after) that wait for them to finish; "
+            "outside the runnable backlog.",
+            labels=["kind"],
+        )
+        labels = NameLabels(self._max_names, self._known, warn=False)
+        summed: dict[str, float] = {}
+        for name in sorted(self._waiting, key=lambda n: (n not in self._known, n)):
+            label = labels(name)
+            summed[label] = summed.get(label, 0.0) + self._waiting[name]
+        for label, value in summed.items():
+            waiting.add_metric([label], value)
+        yield waiting
         yield GaugeMetricFamily(
             "pgfleet_workers_alive", "Registered workers with a live heartbeat.", value=self._alive
         )
