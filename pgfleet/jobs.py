@@ -189,8 +189,8 @@ class EnqueueOptions:
                     parent = UUID(item)
                 except ValueError:
                     raise InvalidOptions(f"after: {item!r} is not a job id") from None
-            elif _is_int(item) and item >= 0:  # type: ignore[operator]
-                parent = item  # type: ignore[assignment]
+            elif isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+                parent = item
             else:
                 raise InvalidOptions(
                     "after takes job ids (UUID) or indexes of requests of the same batch, "

@@ -12,8 +12,7 @@ from uuid import UUID
 from pgfleet._runtime import tracing
 from pgfleet.db.connect import create_pool as create_pool  # public: pgfleet.create_pool
 from pgfleet.db.deadlines import AppPool
-from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Enqueuer, as_job_id
-from pgfleet.db.plans import Batch
+from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Batch, Enqueuer, as_job_id
 from pgfleet.db.store import Store
 from pgfleet.db.types import Connection
 from pgfleet.errors import (

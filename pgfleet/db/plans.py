@@ -260,12 +260,12 @@ class Batch:
     bad item raises and nothing is written. :meth:`steps` yields the statements."""
 
     __slots__ = (
+        "_callback",
+        "_dependent",
         "_enqueuer",
         "_full",
         "_keyed",
         "_plain",
-        "_callback",
-        "_dependent",
         "_plain_json",
         "_requests",
         "any_runs_now",
@@ -321,9 +321,7 @@ class Batch:
                 "receives the members' outcomes"
             )
         members = tuple(range(len(self._requests)))
-        return EnqueueRequest(
-            callback.name, payload, replace(opts, after=members, run_anyway=True)
-        )
+        return EnqueueRequest(callback.name, payload, replace(opts, after=members, run_anyway=True))
 
     def _split(self) -> None:
         enqueuer = self._enqueuer

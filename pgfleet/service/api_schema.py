@@ -272,7 +272,7 @@ def parse_options(obj: Any, path: str) -> EnqueueOptions:
             continue
         if isinstance(value, bool) or not isinstance(value, types):
             raise _invalid(field, f"must be {expected}, got {json_type(value)}")
-        if key == "after":
+        if key == "after" and isinstance(value, list):
             value = tuple(value)
             if any(isinstance(v, bool) or not isinstance(v, str | int) for v in value):
                 raise _invalid(field, f"must be {expected}")

@@ -262,8 +262,7 @@ def _schemas(limits: Limits) -> dict[str, Any]:
                     "minItems": 1,
                     "maxItems": limits.max_batch - 1,
                     "items": {"$ref": _REF + "EnqueueJob"},
-                    "description": "The members, enqueued with the callback in one "
-                    "transaction.",
+                    "description": "The members, enqueued with the callback in one transaction.",
                 },
                 "callback": {
                     "$ref": _REF + "EnqueueJob",

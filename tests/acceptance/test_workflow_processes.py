@@ -33,8 +33,7 @@ async def test_a_fan_in_of_10000_jobs_on_three_processes_runs_its_callback_once(
         callback=EnqueueRequest("record", {"callback": True}),
     )
     workers = [
-        await start_worker(database, tmp_path, "--concurrency", "16", *LIVENESS)
-        for _ in range(3)
+        await start_worker(database, tmp_path, "--concurrency", "16", *LIVENESS) for _ in range(3)
     ]
     async with processes(*workers):
         await eventually(
@@ -73,13 +72,13 @@ async def test_diamonds_whose_parents_finish_together_run_each_child_once_and_af
         )
         edges += [(left, [top]), (right, [top]), (bottom, [left, right])]
     workers = [
-        await start_worker(database, tmp_path, "--concurrency", "16", *LIVENESS)
-        for _ in range(3)
+        await start_worker(database, tmp_path, "--concurrency", "16", *LIVENESS) for _ in range(3)
     ]
     async with processes(*workers):
         await eventually(
-            lambda: _count_is(pool, "SELECT count(*) FROM pgfleet.jobs WHERE status = 'succeeded'",
-                              800),
+            lambda: _count_is(
+                pool, "SELECT count(*) FROM pgfleet.jobs WHERE status = 'succeeded'", 800
+            ),
             timeout=180,
             what="800 jobs to succeed",
         )

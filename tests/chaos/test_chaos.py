@@ -541,7 +541,7 @@ async def _workflow(cluster: PrivateCluster, tmp_path: Path) -> Row:
             queue = pgfleet.Queue(pool)
             for _ in range(trees):
                 requests = [EnqueueRequest("work", work, opts)]
-                for m in range(3):
+                for _ in range(3):
                     requests.append(
                         EnqueueRequest("work", work, dataclasses.replace(opts, after=(0,)))
                     )
@@ -551,7 +551,9 @@ async def _workflow(cluster: PrivateCluster, tmp_path: Path) -> Row:
                             EnqueueRequest("work", work, dataclasses.replace(opts, after=(1 + m,)))
                         )
                 requests.append(
-                    EnqueueRequest("work", work, dataclasses.replace(opts, after=tuple(range(4, 10))))
+                    EnqueueRequest(
+                        "work", work, dataclasses.replace(opts, after=tuple(range(4, 10)))
+                    )
                 )
                 ids = [str(i) for i in await queue.enqueue_many(requests)]
                 for index, req in enumerate(requests):
@@ -583,7 +585,8 @@ async def _workflow(cluster: PrivateCluster, tmp_path: Path) -> Row:
     early = [
         job
         for job, ps in parents.items()
-        if job in starts and any(starts[job][0][0] < ends.get(parent, float("inf")) for parent in ps)
+        if job in starts
+        and any(starts[job][0][0] < ends.get(parent, float("inf")) for parent in ps)
     ]
     never_ran = set(parents) - set(starts)
     if drain.stalled:

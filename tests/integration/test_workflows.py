@@ -91,12 +91,14 @@ async def test_the_last_parent_to_succeed_makes_the_child_due_in_its_own_transac
     async with pool.acquire() as conn, conn.transaction():
         await Store(conn).job_complete(id=second)
         # Seen by another session only once this commits.
-        assert await pool.fetchval(
-            "SELECT status::text FROM pgfleet.jobs WHERE id = $1", child
-        ) == "waiting"
-        assert await conn.fetchval(
-            "SELECT status::text FROM pgfleet.jobs WHERE id = $1", child
-        ) == "queued"
+        assert (
+            await pool.fetchval("SELECT status::text FROM pgfleet.jobs WHERE id = $1", child)
+            == "waiting"
+        )
+        assert (
+            await conn.fetchval("SELECT status::text FROM pgfleet.jobs WHERE id = $1", child)
+            == "queued"
+        )
     assert await status(queue, child) is JobStatus.QUEUED
 
 
@@ -117,7 +119,7 @@ async def test_two_parents_finishing_at_once_release_their_child_exactly_once(
             pid = two.get_server_pid()
             finishing = asyncio.create_task(Store(two).job_complete(id=second))
 
-            async def blocked() -> bool:
+            async def blocked(pid: int = pid) -> bool:
                 return bool(
                     await pool.fetchval(
                         "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
@@ -135,7 +137,7 @@ async def test_two_parents_finishing_at_once_release_their_child_exactly_once(
         row = await pool.fetchrow(
             "SELECT status::text, waiting_on FROM pgfleet.jobs WHERE id = $1", child
         )
-        assert (row["status"], row["waiting_on"]) == ("queued", 0)
+        assert row is not None and (row["status"], row["waiting_on"]) == ("queued", 0)
 
 
 async def test_a_failed_parent_cancels_its_descendants_naming_it_unless_they_run_anyway(
@@ -143,7 +145,7 @@ async def test_a_failed_parent_cancels_its_descendants_naming_it_unless_they_run
 ) -> None:
     queue = Queue(pool)
     parent = await queue.enqueue("fail", {"tag": "parent"})
-    child, grandchild, cleanup = await queue.enqueue_many(
+    child, grandchild, _cleanup = await queue.enqueue_many(
         [
             step("child", after(parent)),
             step("grandchild", after(0)),
@@ -274,9 +276,7 @@ async def test_a_batch_callback_needs_an_object_payload_and_members(pool: asyncp
 async def test_a_chain_runs_in_order_and_stops_at_a_failure(pool: asyncpg.Pool) -> None:
     queue = Queue(pool)
     ok = await queue.enqueue_chain([step("1"), step("2"), step("3")])
-    broken = await queue.enqueue_chain(
-        [step("x"), EnqueueRequest("fail", {"tag": "y"}), step("z")]
-    )
+    broken = await queue.enqueue_chain([step("x"), EnqueueRequest("fail", {"tag": "y"}), step("z")])
     log = Log()
     await drain(pool, log.registry, concurrency=4)
     assert [t for t in log.ran if t in "123"] == ["1", "2", "3"]
