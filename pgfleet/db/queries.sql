@@ -619,10 +619,14 @@ FROM (SELECT DISTINCT parent_id FROM edge) e LEFT JOIN parent p ON p.id = e.pare
 
 -- name: job_settle_new :val
 -- Parents ($1) that had already finished (with status $2) when the children $3 were
--- linked to them: settled now for those children only, as their trigger would have.
-SELECT COALESCE(sum(pgfleet.job_settle(t.parent_id, t.status::pgfleet.job_status,
-                                       $3::uuid[])), 0)::integer
-FROM unnest($1::uuid[], $2::text[]) AS t(parent_id, status);
+-- linked to them: settled now for those children only, as their triggers would
+-- have. Returns how many children became due.
+WITH marked AS MATERIALIZED (
+    SELECT sum(pgfleet.job_settle_edges(t.parent_id, t.status::pgfleet.job_status,
+                                        $3::uuid[])) AS edges
+    FROM unnest($1::uuid[], $2::text[]) AS t(parent_id, status)
+)
+SELECT pgfleet.job_settle_pending() FROM marked;
 
 -- name: batch_progress :one
 -- A batch's members' outcomes so far, read from its callback's edges.

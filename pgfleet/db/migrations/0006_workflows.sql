@@ -6,22 +6,21 @@
 -- index, the named-queue indexes and the backlog counts only read 'queued' rows.
 --
 -- One edge row per (child, parent) in pgfleet.job_dependencies. A parent with
--- children has has_children = true; the trigger below fires only for such a row
--- when its status becomes succeeded, failed or cancelled, in the statement that
--- finished it (the worker's batched completion, an operator's cancel, a rescue that
--- buries a job...): it records the parent's outcome on each of its unsettled edges
--- and, in the same transaction, decrements each waiting child (the child's row
--- lock serialises parents finishing at once on two workers; the edge's outcome,
--- set once, makes a parent count once whatever happens to it later). The last
--- parent's success makes the child 'queued' and due; a failed or cancelled parent
--- cancels it (and, through the same trigger, its own children) naming the parent,
--- unless the edge says the child runs anyway. A batch's callback is a child whose
--- edges are all run-anyway batch edges: when it is released, its payload's "batch"
--- key gets the members' outcomes.
+-- children has has_children = true; the triggers below act only for such a row
+-- when its status becomes succeeded, failed or cancelled, inside the statement
+-- that finished it (the worker's batched completion, an operator's cancel, a
+-- rescue that buries a job...), so in its transaction: the parent's outcome is
+-- recorded on each of its unsettled edges (once: a parent counts once whatever
+-- happens to it later), then each waiting child, locked, loses the parents that
+-- succeeded; the last one makes it 'queued' and due. A failed or cancelled parent
+-- cancels the child (and, through the same triggers, its own children) naming
+-- the parent, unless the edge says the child runs anyway. A batch's callback is a
+-- child whose edges are all run-anyway batch edges: when it is released, its
+-- payload's "batch" key gets the members' outcomes.
 --
 -- What it locks: two nullable columns without defaults (a catalog change; the jobs
 -- table's ACCESS EXCLUSIVE lock for that moment), a new table, one index on the
--- new column and a trigger (SHARE ROW EXCLUSIVE on pgfleet.jobs, briefly).
+-- new column and two triggers (SHARE ROW EXCLUSIVE on pgfleet.jobs, briefly).
 --
 -- ALTER TYPE ... ADD VALUE runs inside the migration's transaction, where the new
 -- value cannot be used yet: nothing below names 'waiting' as a job_status (the
@@ -49,104 +48,168 @@ CREATE TABLE pgfleet.job_dependencies (
     batch      boolean NOT NULL DEFAULT false,
     -- The parent's final status once it finished (NULL: not yet).
     outcome    pgfleet.job_status,
+    -- Settled by this transaction, not yet applied to the child (see below).
+    pending    boolean NOT NULL DEFAULT false,
     PRIMARY KEY (child_id, parent_id),
     CHECK (child_id <> parent_id)
 );
 -- A finishing parent's edges, and the console's list of a job's children.
 CREATE INDEX job_dependencies_parent ON pgfleet.job_dependencies (parent_id);
+CREATE INDEX job_dependencies_pending ON pgfleet.job_dependencies (child_id) WHERE pending;
 
--- Settle the edges from parent_id (only those to the children in only_children,
--- when given) as finished with outcome; returns how many children became due.
-CREATE FUNCTION pgfleet.job_settle(parent_id uuid, outcome pgfleet.job_status,
-                                   only_children uuid[])
+-- Settling is in two steps, so that parents finishing together in one statement (a
+-- worker's round) and in another (a second worker's) can never deadlock on their
+-- children: the row trigger below only records each finished parent's outcome on
+-- its unsettled edges, marking them pending; the statement trigger then locks
+-- every child with pending edges in id order, and applies them. Whoever locks a
+-- child second sees the first's edges committed, so the count is exact.
+
+-- The functions carry no SET clause: one would undo, as they return, the
+-- transaction-local setting job_settle_edges leaves for the statement trigger (and
+-- cost a configuration save and restore per call). Every name is schema-qualified.
+
+-- Record parent_id's outcome on its unsettled edges (to the children in
+-- only_children, when given), as pending.
+CREATE FUNCTION pgfleet.job_settle_edges(parent_id uuid, outcome pgfleet.job_status,
+                                         only_children uuid[])
 RETURNS integer
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $settle$
+AS $edges$
 DECLARE
-    go uuid[];
-    stop uuid[];
+    n integer;
+BEGIN
+    UPDATE pgfleet.job_dependencies d
+    SET outcome = job_settle_edges.outcome, pending = true
+    WHERE d.parent_id = job_settle_edges.parent_id AND d.outcome IS NULL
+      AND (only_children IS NULL OR d.child_id = ANY (only_children));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM set_config('pgfleet.settle', 'pending', true);
+    END IF;
+    RETURN n;
+END
+$edges$;
+
+-- Apply this transaction's pending edges to their children: each child loses the
+-- parents that succeeded (or that it runs after anyway) and is due once none is
+-- left; a parent that failed or was cancelled cancels it. Returns how many became
+-- due.
+CREATE FUNCTION pgfleet.job_settle_pending()
+RETURNS integer
+LANGUAGE plpgsql
+AS $pending$
+DECLARE
+    children uuid[];
+    oks integer[];
+    culprits text[];
     released uuid[];
 BEGIN
-    WITH settled AS (
-        UPDATE pgfleet.job_dependencies d
-        SET outcome = job_settle.outcome
-        WHERE d.parent_id = job_settle.parent_id AND d.outcome IS NULL
-          AND (only_children IS NULL OR d.child_id = ANY (only_children))
-        RETURNING d.child_id, d.run_anyway
+    WITH taken AS (
+        UPDATE pgfleet.job_dependencies d SET pending = false
+        WHERE d.pending
+        RETURNING d.child_id, d.parent_id, d.outcome, d.run_anyway
+    ), per_child AS (
+        SELECT t.child_id,
+               count(*) FILTER (WHERE t.outcome = 'succeeded' OR t.run_anyway) AS ok,
+               min(t.parent_id::text || ' ' || t.outcome::text)
+                   FILTER (WHERE t.outcome <> 'succeeded' AND NOT t.run_anyway) AS culprit
+        FROM taken t GROUP BY t.child_id
     )
-    SELECT array_agg(s.child_id) FILTER (WHERE job_settle.outcome = 'succeeded' OR s.run_anyway),
-           array_agg(s.child_id) FILTER (WHERE job_settle.outcome <> 'succeeded'
-                                           AND NOT s.run_anyway)
-    INTO go, stop
-    FROM settled s;
+    SELECT array_agg(p.child_id ORDER BY p.child_id), array_agg(p.ok ORDER BY p.child_id),
+           array_agg(p.culprit ORDER BY p.child_id)
+    INTO children, oks, culprits
+    FROM per_child p;
+    IF children IS NULL THEN
+        RETURN 0;
+    END IF;
 
-    IF stop IS NOT NULL THEN
-        -- Each cancelled child fires this trigger in turn for its own children.
+    -- Children locked in id order, whatever order their parents finished in.
+    PERFORM 1 FROM pgfleet.jobs c
+    WHERE c.id = ANY (children) AND c.status = 'waiting'
+    ORDER BY c.id
+    FOR UPDATE;
+
+    -- A child cancelled here fires the triggers in turn for its own children.
+    UPDATE pgfleet.jobs c
+    SET status = 'cancelled', finished_at = now(), waiting_on = 0,
+        last_error = 'cancelled: parent job ' || s.culprit
+    FROM unnest(children, culprits) AS s(child_id, culprit)
+    WHERE c.id = s.child_id AND s.culprit IS NOT NULL AND c.status = 'waiting';
+
+    WITH due AS (
         UPDATE pgfleet.jobs c
-        SET status = 'cancelled', finished_at = now(), waiting_on = 0,
-            last_error = 'cancelled: parent job ' || job_settle.parent_id::text || ' '
-                         || job_settle.outcome::text
-        WHERE c.id = ANY (stop) AND c.status = 'waiting';
+        SET waiting_on = greatest(c.waiting_on - s.ok, 0),
+            status = CASE WHEN c.waiting_on <= s.ok THEN 'queued'
+                          ELSE 'waiting' END::pgfleet.job_status,
+            run_at = CASE WHEN c.waiting_on <= s.ok THEN greatest(c.run_at, now())
+                          ELSE c.run_at END
+        FROM unnest(children, oks, culprits) AS s(child_id, ok, culprit)
+        WHERE c.id = s.child_id AND s.culprit IS NULL AND s.ok > 0 AND c.status = 'waiting'
+        RETURNING c.id, c.status
+    )
+    SELECT array_agg(due.id) INTO released FROM due WHERE due.status = 'queued';
+    IF released IS NULL THEN
+        RETURN 0;
     END IF;
 
-    IF go IS NOT NULL THEN
-        -- A single-table update: a parent finishing at the same time on another
-        -- worker holds the child's row lock; this waits for it and then decrements
-        -- the count that transaction left.
-        WITH due AS (
-            UPDATE pgfleet.jobs c
-            SET waiting_on = c.waiting_on - 1,
-                status = CASE WHEN c.waiting_on <= 1 THEN 'queued'
-                              ELSE 'waiting' END::pgfleet.job_status,
-                run_at = CASE WHEN c.waiting_on <= 1 THEN greatest(c.run_at, now())
-                              ELSE c.run_at END
-            WHERE c.id = ANY (go) AND c.status = 'waiting'
-            RETURNING c.id, c.status
-        )
-        SELECT array_agg(due.id) INTO released FROM due WHERE due.status = 'queued';
-
-        IF released IS NOT NULL THEN
-            -- A batch's callback learns its members' outcomes. A statement of its
-            -- own: every other parent's edge is settled and committed by now (each
-            -- held this child's row lock, which the update above waited for).
-            UPDATE pgfleet.jobs c
-            SET payload = c.payload || jsonb_build_object('batch', jsonb_build_object(
-                    'id', c.id,
-                    'size', b.size, 'succeeded', b.succeeded,
-                    'failed', b.failed, 'cancelled', b.cancelled))
-            FROM (SELECT d.child_id,
-                         count(*) AS size,
-                         count(*) FILTER (WHERE d.outcome = 'succeeded') AS succeeded,
-                         count(*) FILTER (WHERE d.outcome = 'failed') AS failed,
-                         count(*) FILTER (WHERE d.outcome = 'cancelled') AS cancelled
-                  FROM pgfleet.job_dependencies d
-                  WHERE d.child_id = ANY (released) AND d.batch
-                  GROUP BY d.child_id) b
-            WHERE c.id = b.child_id AND jsonb_typeof(c.payload) = 'object';
-            PERFORM pg_notify('pgfleet_jobs', '');
-            RETURN cardinality(released);
-        END IF;
-    END IF;
-    RETURN 0;
+    -- A batch's callback learns its members' outcomes: every other member's edge
+    -- was settled by a transaction that held this child's lock and committed.
+    UPDATE pgfleet.jobs c
+    SET payload = c.payload || jsonb_build_object('batch', jsonb_build_object(
+            'id', c.id,
+            'size', b.size, 'succeeded', b.succeeded,
+            'failed', b.failed, 'cancelled', b.cancelled))
+    FROM (SELECT d.child_id,
+                 count(*) AS size,
+                 count(*) FILTER (WHERE d.outcome = 'succeeded') AS succeeded,
+                 count(*) FILTER (WHERE d.outcome = 'failed') AS failed,
+                 count(*) FILTER (WHERE d.outcome = 'cancelled') AS cancelled
+          FROM pgfleet.job_dependencies d
+          WHERE d.child_id = ANY (released) AND d.batch
+          GROUP BY d.child_id) b
+    WHERE c.id = b.child_id AND jsonb_typeof(c.payload) = 'object';
+    PERFORM pg_notify('pgfleet_jobs', '');
+    RETURN cardinality(released);
 END
-$settle$;
+$pending$;
 
 CREATE FUNCTION pgfleet.job_finished_trigger() RETURNS trigger
 LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
 AS $trigger$
 BEGIN
-    PERFORM pgfleet.job_settle(NEW.id, NEW.status, NULL);
+    PERFORM pgfleet.job_settle_edges(NEW.id, NEW.status, NULL);
+    RETURN NULL;
+END
+$trigger$;
+
+CREATE FUNCTION pgfleet.job_settle_trigger() RETURNS trigger
+LANGUAGE plpgsql
+AS $trigger$
+BEGIN
+    IF current_setting('pgfleet.settle', true) = 'pending' THEN
+        PERFORM set_config('pgfleet.settle', '', true);
+        PERFORM pgfleet.job_settle_pending();
+    END IF;
     RETURN NULL;
 END
 $trigger$;
 
 -- Fires only for a job that has children, as it finishes: every other update of
--- the jobs table (claims, retries, heartbeats' renewals) skips it on the WHEN test.
-CREATE TRIGGER jobs_settle_children
+-- the jobs table (claims, retries) skips it on the WHEN test.
+CREATE TRIGGER jobs_finished_parent
     AFTER UPDATE OF status ON pgfleet.jobs
     FOR EACH ROW
     WHEN (OLD.has_children AND OLD.status IS DISTINCT FROM NEW.status
           AND NEW.status IN ('succeeded', 'failed', 'cancelled'))
     EXECUTE FUNCTION pgfleet.job_finished_trigger();
+
+-- Once per statement, after the row triggers: applies the edges they marked (a
+-- transaction-local setting says whether there are any, so a statement that
+-- finished no parent pays one setting lookup). No column list: Postgres fires a
+-- statement trigger once per statement, for the last of its updates of the table
+-- (a CTE of the worker's round updates started_at only), and a column list would
+-- then leave none.
+CREATE TRIGGER jobs_settle_children
+    AFTER UPDATE ON pgfleet.jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION pgfleet.job_settle_trigger();
