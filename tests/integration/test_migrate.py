@@ -20,9 +20,11 @@ EXPECTED_TABLES = {
     "schema_migrations",
     "revoked_credentials",
     "console_sessions",
+    "job_dependencies",
 }
 EXPECTED_INDEXES = {
     "jobs_pkey",
+    "jobs_waiting",
     "jobs_runnable",
     "jobs_queue_head",
     "jobs_queue_running",
@@ -58,7 +60,7 @@ async def test_migrate_builds_the_expected_schema(pool: asyncpg.Pool) -> None:
     for name in ("jobs_runnable", "jobs_queue_head", "jobs_key_active", "jobs_running_worker"):
         assert " WHERE " in indexes[name], name
     statuses = await pool.fetchval("SELECT enum_range(NULL::pgfleet.job_status)::text")
-    assert statuses == "{queued,running,succeeded,failed,cancelled}"
+    assert statuses == "{queued,running,succeeded,failed,cancelled,waiting}"
 
 
 async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:

@@ -4,7 +4,7 @@ own pool."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from uuid import UUID
 
@@ -70,6 +70,8 @@ class Overview:
     names: list[KindStats]
     workers: list[WorkerInfo]
     leases: list[Record]
+    #: Jobs waiting on parents, by name.
+    waiting: dict[str, int] = field(default_factory=dict)
 
 
 class ConsoleData:
@@ -113,8 +115,9 @@ class ConsoleData:
             now = await store.console_now()
             names = await store.queue_stats()
             leases = await store.console_leases()
+            waiting = await store.job_count_waiting()
         workers = await self.queue.workers()
-        return Overview(now, sorted(names, key=lambda r: r.name), workers, leases)
+        return Overview(now, sorted(names, key=lambda r: r.name), workers, leases, waiting)
 
     async def now(self) -> datetime:
         return await self.store.console_now()
