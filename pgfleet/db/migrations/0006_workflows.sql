@@ -20,7 +20,7 @@
 --
 -- What it locks: two nullable columns without defaults (a catalog change; the jobs
 -- table's ACCESS EXCLUSIVE lock for that moment), a new table, one index on the
--- new column and two triggers (SHARE ROW EXCLUSIVE on pgfleet.jobs, briefly).
+-- new column and a trigger (SHARE ROW EXCLUSIVE on pgfleet.jobs, briefly).
 --
 -- ALTER TYPE ... ADD VALUE runs inside the migration's transaction, where the new
 -- value cannot be used yet: nothing below names 'waiting' as a job_status (the
@@ -57,16 +57,13 @@ CREATE TABLE pgfleet.job_dependencies (
 CREATE INDEX job_dependencies_parent ON pgfleet.job_dependencies (parent_id);
 CREATE INDEX job_dependencies_pending ON pgfleet.job_dependencies (child_id) WHERE pending;
 
--- Settling is in two steps, so that parents finishing together in one statement (a
--- worker's round) and in another (a second worker's) can never deadlock on their
--- children: the row trigger below only records each finished parent's outcome on
--- its unsettled edges, marking them pending; the statement trigger then locks
--- every child with pending edges in id order, and applies them. Whoever locks a
--- child second sees the first's edges committed, so the count is exact.
-
--- The functions carry no SET clause: one would undo, as they return, the
--- transaction-local setting job_settle_edges leaves for the statement trigger (and
--- cost a configuration save and restore per call). Every name is schema-qualified.
+-- Settling is in two steps, so that parents finishing together in one transaction
+-- (a worker's round) and in another (a second worker's) can never deadlock on
+-- their children: the row trigger below only records each finished parent's
+-- outcome on its unsettled edges, marking them pending; at commit, a deferred
+-- trigger locks every child with pending edges in id order, and applies them.
+-- Whoever locks a child second sees the first's edges committed, so the count is
+-- exact. Every name in the functions is schema-qualified.
 
 -- Record parent_id's outcome on its unsettled edges (to the children in
 -- only_children, when given), as pending.
@@ -83,9 +80,6 @@ BEGIN
     WHERE d.parent_id = job_settle_edges.parent_id AND d.outcome IS NULL
       AND (only_children IS NULL OR d.child_id = ANY (only_children));
     GET DIAGNOSTICS n = ROW_COUNT;
-    IF n > 0 THEN
-        PERFORM set_config('pgfleet.settle', 'pending', true);
-    END IF;
     RETURN n;
 END
 $edges$;
@@ -186,10 +180,7 @@ CREATE FUNCTION pgfleet.job_settle_trigger() RETURNS trigger
 LANGUAGE plpgsql
 AS $trigger$
 BEGIN
-    IF current_setting('pgfleet.settle', true) = 'pending' THEN
-        PERFORM set_config('pgfleet.settle', '', true);
-        PERFORM pgfleet.job_settle_pending();
-    END IF;
+    PERFORM pgfleet.job_settle_pending();
     RETURN NULL;
 END
 $trigger$;
@@ -203,13 +194,13 @@ CREATE TRIGGER jobs_finished_parent
           AND NEW.status IN ('succeeded', 'failed', 'cancelled'))
     EXECUTE FUNCTION pgfleet.job_finished_trigger();
 
--- Once per statement, after the row triggers: applies the edges they marked (a
--- transaction-local setting says whether there are any, so a statement that
--- finished no parent pays one setting lookup). No column list: Postgres fires a
--- statement trigger once per statement, for the last of its updates of the table
--- (a CTE of the worker's round updates started_at only), and a column list would
--- then leave none.
-CREATE TRIGGER jobs_settle_children
-    AFTER UPDATE ON pgfleet.jobs
-    FOR EACH STATEMENT
+-- At commit, for each edge marked pending: the first applies them all (the others
+-- find none left). Deferred to the commit, and on the edges, so that a statement
+-- that finished no parent (almost every claim round) fires nothing; the worker's
+-- round commits in its own round trip, so its children are due when it answers.
+CREATE CONSTRAINT TRIGGER job_dependencies_settle
+    AFTER UPDATE ON pgfleet.job_dependencies
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW
+    WHEN (NEW.pending)
     EXECUTE FUNCTION pgfleet.job_settle_trigger();
