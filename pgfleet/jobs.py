@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -124,7 +124,8 @@ class EnqueueOptions:
     #: (UUID or its text), or, in :meth:`~pgfleet.Queue.enqueue_many`, the index of
     #: a request of the same batch. A parent that fails or is cancelled cancels the
     #: job (and the jobs waiting on it), unless ``run_anyway``.
-    after: tuple[UUID | int, ...] = ()
+    #: Any sequence is accepted; it is kept as a tuple of UUIDs and ints.
+    after: Sequence[UUID | int | str] = ()
     #: Run once every parent finished, whatever their outcome.
     run_anyway: bool = False
 

@@ -297,7 +297,7 @@ class Batch:
         self._full: list[tuple[Any, ...]] = []
         self._keyed: dict[JobKeyMode, list[tuple[Any, ...]]] = {}
         #: (index, row, parents, run_anyway) of each job enqueued with ``after``.
-        self._dependent: list[tuple[int, tuple[Any, ...], tuple[UUID | int, ...], bool]] = []
+        self._dependent: list[tuple[int, tuple[Any, ...], Sequence[UUID | int | str], bool]] = []
         self._plain_json = ""
         self._split()
         if self._dependent:
@@ -487,7 +487,10 @@ class Batch:
         edge_anyway: list[bool] = []
         edge_batch: list[bool] = []
         for index, row, after, anyway in self._dependent:
-            parents = list(dict.fromkeys(ids[p] if isinstance(p, int) else p for p in after))
+            # after holds UUIDs and ints once checked (EnqueueOptions normalises it).
+            parents = list(
+                dict.fromkeys(ids[p] if isinstance(p, int) else UUID(str(p)) for p in after)
+            )
             child = ids[index]
             if child in parents:
                 raise InvalidDependency(f"item {index} would wait on itself; nothing was enqueued")
