@@ -181,7 +181,7 @@ class EnqueueOptions:
         after = self.after
         if isinstance(after, str | bytes | UUID | int) or not hasattr(after, "__iter__"):
             after = (after,)  # type: ignore[assignment]
-        parents: list[UUID | int] = []
+        parents: dict[UUID | int, None] = {}
         for item in after:
             if isinstance(item, UUID):
                 parent: UUID | int = item
@@ -197,8 +197,7 @@ class EnqueueOptions:
                     "after takes job ids (UUID) or indexes of requests of the same batch, "
                     f"got {item!r}"
                 )
-            if parent not in parents:
-                parents.append(parent)
+            parents[parent] = None
         if len(parents) > MAX_PARENTS:
             raise InvalidOptions(f"after names {len(parents)} jobs; at most {MAX_PARENTS}")
         object.__setattr__(self, "after", tuple(parents))

@@ -320,8 +320,11 @@ class Batch:
                 "callback: the payload must be a JSON object (or None): its 'batch' key "
                 "receives the members' outcomes"
             )
-        members = tuple(range(len(self._requests)))
-        return EnqueueRequest(callback.name, payload, replace(opts, after=members, run_anyway=True))
+        options = replace(opts, after=(0,), run_anyway=True)
+        # Every member: past EnqueueOptions' limit of parents per job, which a
+        # batch's callback is exempt from.
+        object.__setattr__(options, "after", tuple(range(len(self._requests))))
+        return EnqueueRequest(callback.name, payload, options)
 
     def _split(self) -> None:
         enqueuer = self._enqueuer

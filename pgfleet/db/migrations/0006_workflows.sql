@@ -98,9 +98,21 @@ DECLARE
     culprits text[];
     released uuid[];
 BEGIN
+    -- The children of this transaction's pending edges, locked in id order first
+    -- (whatever order their parents finished in) and before the edges are
+    -- updated: updating an edge this transaction wrote re-checks its foreign key,
+    -- which share-locks the child, and two transactions holding that share lock
+    -- would then wait for each other's FOR UPDATE.
+    SELECT array_agg(DISTINCT d.child_id ORDER BY d.child_id) INTO children
+    FROM pgfleet.job_dependencies d WHERE d.pending;
+    IF children IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM pgfleet.jobs c WHERE c.id = ANY (children) ORDER BY c.id FOR UPDATE;
+
     WITH taken AS (
         UPDATE pgfleet.job_dependencies d SET pending = false
-        WHERE d.pending
+        WHERE d.pending AND d.child_id = ANY (children)
         RETURNING d.child_id, d.parent_id, d.outcome, d.run_anyway
     ), per_child AS (
         SELECT t.child_id,
@@ -116,12 +128,6 @@ BEGIN
     IF children IS NULL THEN
         RETURN 0;
     END IF;
-
-    -- Children locked in id order, whatever order their parents finished in.
-    PERFORM 1 FROM pgfleet.jobs c
-    WHERE c.id = ANY (children) AND c.status = 'waiting'
-    ORDER BY c.id
-    FOR UPDATE;
 
     -- A child cancelled here fires the triggers in turn for its own children.
     UPDATE pgfleet.jobs c
