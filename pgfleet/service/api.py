@@ -495,8 +495,13 @@ class JobsApi:
 
     async def _statuses(self, requests: list[EnqueueRequest], ids: list[UUID]) -> list[str]:
         """ "queued" for new jobs; the actual status where a job_key resolved to an
-        existing job (which may be running)."""
-        keyed = [i for req, i in zip(requests, ids, strict=True) if req.options.job_key]
+        existing job (which may be running), and of jobs with parents (waiting,
+        queued or cancelled, as their parents stand)."""
+        keyed = [
+            i
+            for req, i in zip(requests, ids, strict=True)
+            if req.options.job_key or req.options.after
+        ]
         found = await self.queue.statuses(keyed) if keyed else {}
         return [found.get(i, JobStatus.QUEUED).value for i in ids]
 

@@ -242,7 +242,8 @@ def _schemas(limits: Limits) -> dict[str, Any]:
                 "status": {
                     "$ref": _REF + "JobStatus",
                     "description": "queued, or the status of the existing job a job_key "
-                    "resolved to.",
+                    "resolved to; for a job with after, waiting (or queued or cancelled "
+                    "when its parents had already finished).",
                 },
             },
         },
