@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import uuid
+from functools import partial
 from typing import Any
 
 import asyncpg
@@ -26,6 +27,7 @@ from pgfleet import (
 )
 from pgfleet.db.store import Store
 from pgfleet.testing import drain
+from tools.devkit import until
 
 
 def after(*parents: uuid.UUID | int, run_anyway: bool = False) -> EnqueueOptions:
@@ -53,6 +55,15 @@ class Log:
 
 def step(tag: str, options: EnqueueOptions | None = None) -> EnqueueRequest:
     return EnqueueRequest("step", {"tag": tag}, options or EnqueueOptions())
+
+
+async def waits_on_a_lock(pool: asyncpg.Pool, conn: Any) -> bool:
+    return bool(
+        await pool.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1",
+            conn.get_server_pid(),
+        )
+    )
 
 
 async def status(queue: Queue, job_id: uuid.UUID) -> JobStatus:
@@ -128,6 +139,57 @@ async def test_two_parents_finishing_at_once_release_their_child_exactly_once(
             "SELECT status::text, waiting_on FROM pgfleet.jobs WHERE id = $1", child
         )
         assert row is not None and (row["status"], row["waiting_on"]) == ("queued", 0)
+
+
+async def test_parents_of_the_same_children_finishing_crossed_never_deadlock(
+    pool: asyncpg.Pool,
+) -> None:
+    # X runs after A anyway but not after a failed B; Y the other way round. A and B
+    # fail in two transactions committing at once: one cancels Y and counts X off,
+    # the other cancels X and counts Y off, each needing both children's locks.
+    queue = Queue(pool)
+    for _ in range(3):
+        a, b = await queue.enqueue_many([step("a"), step("b")])
+        x, y = await queue.enqueue_many(
+            [
+                step("x", EnqueueOptions(after=(a,), run_anyway=True)),
+                step("y", EnqueueOptions(after=(b,), run_anyway=True)),
+            ]
+        )
+        await queue.enqueue_many([step("x2", after(b)), step("y2", after(a))])
+        # x waits on a (anyway) and b (not anyway); y on b (anyway) and a (not).
+        await pool.execute(
+            "INSERT INTO pgfleet.job_dependencies (child_id, parent_id) VALUES ($1, $2), ($3, $4)",
+            x,
+            b,
+            y,
+            a,
+        )
+        await pool.execute(
+            "UPDATE pgfleet.jobs SET waiting_on = 2 WHERE id = ANY($1::uuid[])", [x, y]
+        )
+        one, two, holder = await pool.acquire(), await pool.acquire(), await pool.acquire()
+        try:
+            tx1, tx2, held = one.transaction(), two.transaction(), holder.transaction()
+            await tx1.start()
+            await tx2.start()
+            await Store(one).job_permanently_fail(id=a, reason="a")
+            await Store(two).job_permanently_fail(id=b, reason="b")
+            # x is held elsewhere while both commit: b's commit queues for it first,
+            # then a's (which, locking as it goes, would already hold y).
+            await held.start()
+            await holder.execute("SELECT 1 FROM pgfleet.jobs WHERE id = $1 FOR UPDATE", x)
+            second = asyncio.create_task(tx2.commit())
+            await until(partial(waits_on_a_lock, pool, two), what="b's commit to queue for x")
+            first = asyncio.create_task(tx1.commit())
+            await until(partial(waits_on_a_lock, pool, one), what="a's commit to queue for x")
+            await held.rollback()
+            await asyncio.gather(first, second)
+        finally:
+            for conn in (one, two, holder):
+                await pool.release(conn)
+        assert await status(queue, x) is JobStatus.CANCELLED
+        assert await status(queue, y) is JobStatus.CANCELLED
 
 
 async def test_a_failed_parent_cancels_its_descendants_naming_it_unless_they_run_anyway(
