@@ -13,6 +13,7 @@ from pgfleet.errors import (
     DatabaseRefused,
     DatabaseUnavailable,
     DuplicateJobKey,
+    InvalidDependency,
     InvalidJobState,
     InvalidName,
     InvalidOptions,
@@ -29,11 +30,13 @@ from pgfleet.errors import (
 )
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import (
+    BatchProgress,
     EnqueueOptions,
     EnqueueRequest,
     Job,
     JobKeyMode,
     JobStatus,
+    Relative,
     WorkerInfo,
 )
 from pgfleet.queue import NotifyMode, Queue, create_pool
@@ -41,6 +44,7 @@ from pgfleet.registry import Registry
 from pgfleet.worker import Worker
 
 __all__ = [
+    "BatchProgress",
     "CronJob",
     "DailySchedule",
     "DatabaseRefused",
@@ -48,6 +52,7 @@ __all__ = [
     "DuplicateJobKey",
     "EnqueueOptions",
     "EnqueueRequest",
+    "InvalidDependency",
     "InvalidJobState",
     "InvalidName",
     "InvalidOptions",
@@ -66,6 +71,7 @@ __all__ = [
     "PgfleetError",
     "Queue",
     "Registry",
+    "Relative",
     "RunStats",
     "SchemaNotReady",
     "UnknownJobName",

@@ -33,6 +33,11 @@ class UnknownJobName(ValidationError):
     """Enqueue of a name with no registered handler, in strict mode."""
 
 
+class InvalidDependency(ValidationError):
+    """A job's ``after`` names a job that does not exist, or the dependencies of a
+    batch form a cycle: nothing was enqueued."""
+
+
 class DuplicateJobKey(PgfleetError, ValueError):
     """The same job_key twice in one batch, or a key held by another active job."""
 

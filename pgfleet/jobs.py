@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +19,8 @@ MAX_ATTEMPTS_LIMIT = 1000
 PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
 #: Delays beyond this are refused as absurd (about 100 years).
 MAX_DELAY_SECONDS = 100 * 365.25 * 86400
+#: Parents one job may wait on (a batch's callback waits on its members: no limit).
+MAX_PARENTS = 1000
 
 _valid_names: set[str] = set()
 
@@ -47,6 +49,9 @@ class JobStatus(enum.StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: Enqueued with ``after``: waits until its parents finished, outside every
+    #: claim path, then becomes ``queued`` (or ``cancelled`` with its parent).
+    WAITING = "waiting"
 
     @property
     def finished(self) -> bool:
@@ -117,8 +122,19 @@ class EnqueueOptions:
     #: The key flow control counts the job under (a tenant, an account): limits
     #: set with ``per_key`` apply to each key, and a name's keys take turns.
     limit_key: str | None = None
+    #: Parents: the job waits (status ``waiting``) until every one of them
+    #: succeeded, then is due in the transaction that finished the last one. Job ids
+    #: (UUID or its text), or, in :meth:`~pgfleet.Queue.enqueue_many`, the index of
+    #: a request of the same batch. A parent that fails or is cancelled cancels the
+    #: job (and the jobs waiting on it), unless ``run_anyway``.
+    #: Any sequence is accepted; it is kept as a tuple of UUIDs and ints.
+    after: Sequence[UUID | int | str] = ()
+    #: Run once every parent finished, whatever their outcome.
+    run_anyway: bool = False
 
     def __post_init__(self) -> None:  # noqa: C901 - a flat list of independent option checks
+        if self.after or self.run_anyway:
+            self._check_after()
         if self.run_at is not None:
             if not isinstance(self.run_at, datetime):
                 raise InvalidOptions(f"run_at must be a datetime, got {type(self.run_at).__name__}")
@@ -172,6 +188,39 @@ class EnqueueOptions:
                     f"unknown job_key_mode {self.job_key_mode!r}: expected one of {allowed}"
                 ) from None
 
+    def _check_after(self) -> None:
+        after = self.after
+        if isinstance(after, str | bytes | UUID | int) or not hasattr(after, "__iter__"):
+            after = (after,)  # type: ignore[assignment]
+        parents: dict[UUID | int, None] = {}
+        for item in after:
+            if isinstance(item, UUID):
+                parent: UUID | int = item
+            elif isinstance(item, str):
+                try:
+                    parent = UUID(item)
+                except ValueError:
+                    raise InvalidOptions(f"after: {item!r} is not a job id") from None
+            elif isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+                parent = item
+            else:
+                raise InvalidOptions(
+                    "after takes job ids (UUID) or indexes of requests of the same batch, "
+                    f"got {item!r}"
+                )
+            parents[parent] = None
+        if len(parents) > MAX_PARENTS:
+            raise InvalidOptions(f"after names {len(parents)} jobs; at most {MAX_PARENTS}")
+        object.__setattr__(self, "after", tuple(parents))
+        if not isinstance(self.run_anyway, bool):
+            raise InvalidOptions(f"run_anyway must be a boolean, got {self.run_anyway!r}")
+        if self.run_anyway and not parents:
+            raise InvalidOptions("run_anyway needs after: the parents it runs after")
+        if parents and self.job_key is not None:
+            raise InvalidOptions(
+                "a job with after cannot have a job_key: a waiting job holds no key"
+            )
+
     @property
     def delay_seconds(self) -> float:
         delay = self.delay
@@ -188,7 +237,7 @@ class EnqueueOptions:
     @property
     def runs_now(self) -> bool:
         """True unless the job is explicitly scheduled for later."""
-        return self.run_at is None and not self.delay_seconds
+        return self.run_at is None and not self.delay_seconds and not self.after
 
 
 def _is_int(value: object) -> bool:
@@ -205,6 +254,42 @@ class EnqueueRequest:
     name: str
     payload: Any = None
     options: EnqueueOptions = DEFAULT_OPTIONS
+
+
+@dataclass(frozen=True, slots=True)
+class BatchProgress:
+    """Where a batch stands (:meth:`pgfleet.Queue.batch_progress`). A batch's id is
+    its callback job's id."""
+
+    id: UUID
+    #: Jobs in the batch.
+    size: int
+    succeeded: int
+    failed: int
+    cancelled: int
+    #: Members not finished yet.
+    pending: int
+    #: The callback's status: ``waiting`` until every member finished.
+    callback_status: JobStatus
+
+    @property
+    def finished(self) -> bool:
+        """Every member finished (the callback is due or done)."""
+        return self.pending == 0
+
+
+@dataclass(frozen=True, slots=True)
+class Relative:
+    """A parent or a child of a job (``job_parents``, ``job_children``)."""
+
+    id: UUID
+    #: None: a parent pruned since it finished.
+    name: str | None
+    status: JobStatus
+    #: The child runs whatever this parent's outcome.
+    run_anyway: bool
+    #: The edge of a batch member to its callback.
+    batch: bool
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from uuid import UUID
 from pgfleet._runtime import tracing
 from pgfleet.db.connect import create_pool as create_pool  # public: pgfleet.create_pool
 from pgfleet.db.deadlines import AppPool
-from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Enqueuer, as_job_id
+from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Batch, Enqueuer, as_job_id
 from pgfleet.db.store import Store
 from pgfleet.db.types import Connection
 from pgfleet.errors import (
@@ -21,11 +21,13 @@ from pgfleet.errors import (
     JobNotFound,
 )
 from pgfleet.jobs import (
+    BatchProgress,
     EnqueueOptions,
     EnqueueRequest,
     Job,
     JobStatus,
     NotifyMode,
+    Relative,
     WorkerInfo,
     validate_name,
 )
@@ -158,7 +160,7 @@ class Queue:
         trace: str | None,
     ) -> UUID:
         opts = self._enqueuer.options(options)
-        if opts.job_key is not None:
+        if opts.job_key is not None or opts.after:
             ids = await self._enqueue_many([EnqueueRequest(name, payload, opts)], connection, trace)
             return ids[0]
         wake_in_tx, wake_after = self._wake_plan(connection, opts.runs_now)
@@ -198,13 +200,61 @@ class Queue:
         with tracing.enqueue_span(tracer, str(name), len(requests)) as trace:
             return await self._enqueue_many(requests, connection, trace)
 
+    async def enqueue_batch(
+        self,
+        requests: Iterable[EnqueueRequest],
+        *,
+        callback: EnqueueRequest,
+        connection: Connection | None = None,
+    ) -> tuple[UUID, list[UUID]]:
+        """Enqueue jobs as one batch, atomically, with a callback job that runs
+        once, when every one of them has finished (succeeded, failed for good or
+        cancelled). Returns ``(batch_id, member ids)``: the batch's id is its
+        callback's.
+
+        The callback's payload must be a JSON object (or None); when it becomes
+        due, its ``batch`` key holds ``{"id", "size", "succeeded", "failed",
+        "cancelled"}``. :meth:`batch_progress` reads the batch meanwhile."""
+        batch = self._enqueuer.batch(requests, callback=callback)
+        ids = await self._run_batch(batch, connection, None)
+        return ids[-1], ids[:-1]
+
+    async def enqueue_chain(
+        self, requests: Iterable[EnqueueRequest], *, connection: Connection | None = None
+    ) -> list[UUID]:
+        """Enqueue "A then B then C": each job waits for the one before it to
+        succeed; one that fails for good or is cancelled cancels the rest. Returns
+        the ids in order."""
+        return await self._run_batch(self._enqueuer.chain(requests), connection, None)
+
+    async def batch_progress(self, batch_id: UUID | str) -> BatchProgress:
+        """How far a batch (:meth:`enqueue_batch`) got: members finished by
+        outcome, pending, and the callback's status."""
+        uid = self._require_uuid(batch_id)
+        progress = await self._store.batch_progress(id=uid)
+        if progress is None:
+            raise JobNotFound(uid)
+        return progress
+
+    async def parents(self, job_id: UUID | str, *, limit: int = 100) -> list[Relative]:
+        """The jobs ``job_id`` waits (or waited) on, with their status."""
+        return await self._store.job_parents(id=self._require_uuid(job_id), limit=_limit(limit))
+
+    async def children(self, job_id: UUID | str, *, limit: int = 100) -> list[Relative]:
+        """The jobs waiting (or that waited) on ``job_id``, with their status."""
+        return await self._store.job_children(id=self._require_uuid(job_id), limit=_limit(limit))
+
     async def _enqueue_many(
         self,
         requests: Iterable[EnqueueRequest],
         connection: Connection | None,
         trace: str | None,
     ) -> list[UUID]:
-        batch = self._enqueuer.batch(requests)
+        return await self._run_batch(self._enqueuer.batch(requests), connection, trace)
+
+    async def _run_batch(
+        self, batch: Batch, connection: Connection | None, trace: str | None
+    ) -> list[UUID]:
         if not batch.size:
             return []
         wake_in_tx, wake_after = self._wake_plan(connection, batch.any_runs_now)
@@ -475,6 +525,12 @@ class Queue:
     def _wake(self) -> None:
         if self.notify_mode is not NotifyMode.OFF:
             self._waker.request()
+
+
+def _limit(limit: int) -> int:
+    if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+        raise InvalidOptions(f"limit must be an integer from 1 to 10000, got {limit!r}")
+    return limit
 
 
 def _count_limit(at_most: int | None) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import uuid
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 from pgfleet import _ids, context
@@ -18,6 +19,7 @@ from pgfleet._runtime.outcomes import RunStats
 from pgfleet.errors import InvalidOptions, UnknownJobName
 from pgfleet.jobs import Job, JobStatus, validate_name
 from pgfleet.payloads import encode_payload
+from pgfleet.queue import Queue
 from pgfleet.registry import Registry
 from pgfleet.worker import Worker, WorkerConfig
 
@@ -95,4 +97,21 @@ async def drain(
     if config is not None and config_fields:
         raise InvalidOptions("pass a WorkerConfig or config fields, not both")
     cfg = config or WorkerConfig(**config_fields)
-    return await Worker(pool, registry, cfg).run(burst=True)
+    total = await Worker(pool, registry, cfg).run(burst=True)
+    # A burst ends on a round that claimed nothing; the jobs that round's last
+    # outcomes released from waiting (dependents, a batch's callback) are due now.
+    queue = Queue(pool)
+    more = total
+    while more.claimed and any(
+        (await queue.runnable_backlog_by_name(registry.names(), at_most=1)).values()
+    ):
+        more = await Worker(pool, registry, cfg).run(burst=True)
+        for f in fields(RunStats):
+            if f.name == "by_name":
+                for name, per in more.by_name.items():
+                    mine = total.by_name.setdefault(name, {})
+                    for outcome, n in per.items():
+                        mine[outcome] = mine.get(outcome, 0) + n
+            else:
+                setattr(total, f.name, getattr(total, f.name) + getattr(more, f.name))
+    return total

@@ -85,7 +85,7 @@ class _Producing:
     ) -> tuple[UUID, Statement] | Batch:
         """The statement of one job, or (a keyed job) a batch of one."""
         opts = self._enqueuer.options(options)
-        if opts.job_key is not None:
+        if opts.job_key is not None or opts.after:
             return self._enqueuer.batch([EnqueueRequest(name, payload, opts)])
         notify = opts.runs_now and self.notify_mode is not NotifyMode.OFF
         return self._enqueuer.single(name, payload, opts, notify=notify, trace=trace)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from uuid import UUID
 
@@ -32,6 +32,7 @@ from pgfleet.db.queries import Q, Query
 from pgfleet.db.translate import job_from_record
 from pgfleet.errors import (
     DuplicateJobKey,
+    InvalidDependency,
     InvalidJobState,
     InvalidOptions,
     JobNotFound,
@@ -196,6 +197,8 @@ class Enqueuer:
         an id handed out before the job is written (Django's deferred enqueue).
         ``trace``: the enqueue's trace context (JSON text) to store with the job."""
         self.check_name(name)
+        if opts.after:
+            raise InvalidOptions("a job with after is enqueued through a batch (Enqueuer.batch)")
         text = encode_payload(payload, self.max_payload_bytes)
         if self.check_payloads:
             self.check_payload(name, payload)
@@ -221,9 +224,34 @@ class Enqueuer:
             ),
         )
 
-    def batch(self, requests: Iterable[EnqueueRequest]) -> Batch:
-        """A checked batch (nothing is sent yet): see :class:`Batch`."""
-        return Batch(self, requests)
+    def batch(
+        self, requests: Iterable[EnqueueRequest], *, callback: EnqueueRequest | None = None
+    ) -> Batch:
+        """A checked batch (nothing is sent yet): see :class:`Batch`. With
+        ``callback``, a job that waits for every request of the batch, whatever
+        its outcome, and then runs with the outcomes in its payload's ``batch``."""
+        return Batch(self, requests, callback=callback)
+
+    def chain(self, requests: Iterable[EnqueueRequest]) -> Batch:
+        """A batch where each request waits for the one before it (its own
+        ``after`` replaced); a failed or cancelled link cancels the rest."""
+        linked = []
+        for index, req in enumerate(requests):
+            if req.__class__ is not EnqueueRequest:
+                raise InvalidOptions(
+                    f"a chain takes EnqueueRequest items; item {index} is {type(req).__name__}"
+                )
+            if index:
+                opts = req.options
+                if not isinstance(opts, EnqueueOptions):
+                    raise InvalidOptions(f"item {index}: options must be EnqueueOptions")
+                req = replace(req, options=replace(opts, after=(index - 1,)))
+            linked.append(req)
+        return Batch(self, linked)
+
+
+#: Where a parent's edge is settled at once: it had finished when its child came.
+_FINISHED = frozenset(("succeeded", "failed", "cancelled"))
 
 
 class Batch:
@@ -233,6 +261,8 @@ class Batch:
     bad item raises and nothing is written. :meth:`steps` yields the statements."""
 
     __slots__ = (
+        "_callback",
+        "_dependent",
         "_enqueuer",
         "_full",
         "_keyed",
@@ -244,11 +274,22 @@ class Batch:
         "size",
     )
 
-    def __init__(self, enqueuer: Enqueuer, requests: Iterable[EnqueueRequest]) -> None:
+    def __init__(
+        self,
+        enqueuer: Enqueuer,
+        requests: Iterable[EnqueueRequest],
+        *,
+        callback: EnqueueRequest | None = None,
+    ) -> None:
         self._enqueuer = enqueuer
         self._requests: Sequence[EnqueueRequest] = (
             requests if isinstance(requests, list | tuple) else list(requests)
         )
+        #: The index of the batch's callback (its last request), or -1.
+        self._callback = -1
+        if callback is not None:
+            self._requests = [*self._requests, self._callback_request(callback)]
+            self._callback = len(self._requests) - 1
         self.size = len(self._requests)
         self.ids = _ids.uuid7_batch(self.size)
         #: Some job of the batch is due now (worth a wakeup).
@@ -256,8 +297,35 @@ class Batch:
         self._plain: tuple[list[UUID], list[str], list[Any]] = ([], [], [])
         self._full: list[tuple[Any, ...]] = []
         self._keyed: dict[JobKeyMode, list[tuple[Any, ...]]] = {}
+        #: (index, row, parents, run_anyway) of each job enqueued with ``after``.
+        self._dependent: list[tuple[int, tuple[Any, ...], Sequence[UUID | int | str], bool]] = []
         self._plain_json = ""
         self._split()
+        if self._dependent:
+            self._check_graph()
+
+    def _callback_request(self, callback: EnqueueRequest) -> EnqueueRequest:
+        """The callback as the batch's last request: after every member, run anyway."""
+        if callback.__class__ is not EnqueueRequest:
+            raise InvalidOptions(f"callback must be an EnqueueRequest, got {type(callback)}")
+        if not self._requests:
+            raise InvalidOptions("a batch needs at least one job besides its callback")
+        opts = callback.options
+        if not isinstance(opts, EnqueueOptions):
+            raise InvalidOptions("callback: options must be EnqueueOptions")
+        if opts.after:
+            raise InvalidOptions("callback: after is set by the batch (every member)")
+        payload = {} if callback.payload is None else callback.payload
+        if not encode_payload(payload, self._enqueuer.max_payload_bytes).startswith("{"):
+            raise InvalidOptions(
+                "callback: the payload must be a JSON object (or None): its 'batch' key "
+                "receives the members' outcomes"
+            )
+        options = replace(opts, after=(0,), run_anyway=True)
+        # Every member: past EnqueueOptions' limit of parents per job, which a
+        # batch's callback is exempt from.
+        object.__setattr__(options, "after", tuple(range(len(self._requests))))
+        return EnqueueRequest(callback.name, payload, options)
 
     def _split(self) -> None:
         enqueuer = self._enqueuer
@@ -285,6 +353,25 @@ class Batch:
             text = encode_payload(req.payload, limit)
             if not isinstance(opts, EnqueueOptions):
                 raise InvalidOptions(f"item {index}: options must be EnqueueOptions")
+            if opts.after:
+                self._dependent.append(
+                    (
+                        index,
+                        (
+                            job_id,
+                            name,
+                            text,
+                            opts.priority,
+                            opts.max_attempts or default_attempts,
+                            opts.queue_name,
+                            opts.run_at,
+                            opts.delay_seconds,
+                        ),
+                        opts.after,
+                        opts.run_anyway,
+                    )
+                )
+                continue
             self.any_runs_now = self.any_runs_now or opts.runs_now
             row = (
                 job_id,
@@ -312,6 +399,46 @@ class Batch:
         if plain_payloads:
             self._plain_json = encode_payload_array(plain_payloads, limit)
 
+    def _check_graph(self) -> None:
+        """Refuse an index outside the batch and a cycle among the batch's jobs
+        (a job can only wait on an existing job or one of its own batch)."""
+        size = self.size
+        edges: dict[int, list[int]] = {}
+        for index, _, parents, _ in self._dependent:
+            local = [p for p in parents if isinstance(p, int)]
+            for p in local:
+                if p >= size:
+                    raise InvalidDependency(
+                        f"item {index}: after names item {p}, but the batch has {size} jobs; "
+                        "nothing was enqueued"
+                    )
+            edges[index] = local
+        state: dict[int, int] = {}  # 1: on the current path, 2: done
+        for start in edges:
+            if state.get(start):
+                continue
+            path = [start]
+            stack = [iter(edges.get(start, ()))]
+            state[start] = 1
+            while stack:
+                nxt = next(stack[-1], None)
+                if nxt is None:
+                    state[path.pop()] = 2
+                    stack.pop()
+                    continue
+                seen = state.get(nxt)
+                if seen == 1:
+                    cycle = [*path[path.index(nxt) :], nxt]
+                    raise InvalidDependency(
+                        "the dependencies of the batch form a cycle (items "
+                        + " -> ".join(map(str, cycle))
+                        + "); nothing was enqueued"
+                    )
+                if seen is None:
+                    state[nxt] = 1
+                    path.append(nxt)
+                    stack.append(iter(edges.get(nxt, ())))
+
     def names(self) -> dict[str, int]:
         """How many jobs of each name the batch holds."""
         counts: dict[str, int] = {}
@@ -323,7 +450,7 @@ class Batch:
         """Whether the statements need a transaction of their own (a savepoint
         inside the caller's): more than one statement, or keys to settle."""
         statements = bool(self._plain[0]) + bool(self._full) + len(self._keyed) + notify
-        return statements > 1 or bool(self._keyed)
+        return statements > 1 or bool(self._keyed) or bool(self._dependent)
 
     def steps(self, notify: bool, trace: str | None = None) -> Steps[list[UUID]]:
         """The batch's statements, in order (see :data:`Steps`); ``notify`` adds
@@ -348,9 +475,58 @@ class Batch:
             )
         for mode, rows in self._keyed.items():
             yield from self._keyed_steps(mode, rows, trace)
+        if self._dependent:
+            yield from self._dependent_steps(trace)
         if notify:
             yield notify_statement()
         return self.ids
+
+    def _dependent_steps(self, trace: str | None) -> Steps[None]:
+        """Insert the jobs with parents as waiting, link them to their parents
+        (ids of this batch's jobs as they stand, keyed ones resolved), then settle
+        the parents that had already finished."""
+        ids = self.ids
+        rows: list[tuple[Any, ...]] = []
+        children: list[UUID] = []
+        edge_parents: list[UUID] = []
+        edge_anyway: list[bool] = []
+        edge_batch: list[bool] = []
+        for index, row, after, anyway in self._dependent:
+            # after holds UUIDs and ints once checked (EnqueueOptions normalises it).
+            parents = list(
+                dict.fromkeys(ids[p] if isinstance(p, int) else UUID(str(p)) for p in after)
+            )
+            child = ids[index]
+            if child in parents:
+                raise InvalidDependency(f"item {index} would wait on itself; nothing was enqueued")
+            rows.append((child, *row[1:], len(parents)))
+            children.extend([child] * len(parents))
+            edge_parents.extend(parents)
+            edge_anyway.extend([anyway] * len(parents))
+            edge_batch.extend([index == self._callback] * len(parents))
+        cids, names, payloads, priorities, attempts, queues, run_ats, delays, waiting = (
+            list(column) for column in zip(*rows, strict=True)
+        )
+        yield Statement(
+            Q.job_insert_waiting,
+            (cids, names, payloads, priorities, attempts, queues, run_ats, delays, trace, waiting),
+        )
+        parents_status = yield Statement(
+            Q.job_dependencies_link, (children, edge_parents, edge_anyway, edge_batch)
+        )
+        missing = [str(r[0]) for r in parents_status or () if r[1] is None]
+        if missing:
+            raise InvalidDependency(
+                f"after names jobs that do not exist: {', '.join(sorted(missing)[:5])}"
+                + (" …" if len(missing) > 5 else "")
+                + "; nothing was enqueued"
+            )
+        finished = [(r[0], r[1]) for r in parents_status or () if r[1] in _FINISHED]
+        if finished:
+            yield Statement(
+                Q.job_settle_new,
+                ([p for p, _ in finished], [st for _, st in finished], cids),
+            )
 
     def _plain_rows(self) -> list[tuple[Any, ...]]:
         """The default-options jobs as rows of the general insert."""
@@ -441,7 +617,7 @@ def cancel_steps(job_id: UUID | str) -> Steps[Job]:
     row = yield Statement(Q.job_cancel, (uid,))
     if row is not None:
         return job_from_record(row)
-    yield from refusal_steps(uid, "cancel", ("queued",))
+    yield from refusal_steps(uid, "cancel", ("queued", "waiting"))
     raise AssertionError("unreachable")  # pragma: no cover - refusal_steps raises
 
 

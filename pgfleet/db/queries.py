@@ -140,6 +140,13 @@ class Queries(QueryFile):
     cron_get: Query
     cron_advance: Query
     cron_record_job: Query
+    job_insert_waiting: Query
+    job_dependencies_link: Query
+    job_settle_new: Query
+    batch_progress: Query
+    job_parents: Query
+    job_children: Query
+    job_count_waiting: Query
 
     FILE = "queries.sql"
 

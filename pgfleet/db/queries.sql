@@ -188,8 +188,9 @@ FROM unnest($1::text[]) AS k(name);
 -- ---------------------------------------------------------------- management
 
 -- name: job_cancel :one
+-- A waiting job (one with parents) can be cancelled too: its own children follow.
 UPDATE pgfleet.jobs SET status = 'cancelled', finished_at = now()
-WHERE id = $1 AND status = 'queued'
+WHERE id = $1 AND status IN ('queued', 'waiting')
 RETURNING *;
 
 -- name: job_retry :one
@@ -943,3 +944,84 @@ SELECT EXISTS (SELECT 1 FROM taken);
 
 -- name: lease_release :exec
 DELETE FROM pgfleet.leases WHERE role = $1 AND holder = $2;
+
+-- ---------------------------------------------------------------- workflows
+
+-- name: job_insert_waiting :exec
+-- Jobs enqueued with parents (EnqueueOptions.after): 'waiting', outside every claim
+-- path, with $10 the number of distinct parents each waits on. The edges follow in
+-- job_dependencies_link, in the same transaction. $9: the trace context, or NULL.
+INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
+                          trace_context, status, waiting_on)
+SELECT id, name, payload::jsonb, priority, max_attempts, queue_name,
+       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb, 'waiting',
+       waiting_on
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
+            $7::timestamptz[], $8::float8[], $10::integer[])
+     AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay, waiting_on);
+
+-- name: job_dependencies_link :many
+-- Records the edges (child $1, parent $2, run anyway $3, batch $4) and marks each
+-- parent as having children. Marking a parent locks its row until this transaction
+-- ends, so a parent finishing meanwhile either finished before (its status is
+-- returned here, and job_settle_new settles it) or waits, and its trigger then sees
+-- these edges. Returns each distinct parent with its status; NULL: no such job.
+WITH edge AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::boolean[], $4::boolean[])
+        AS e(child_id, parent_id, run_anyway, batch)
+), parent AS (
+    UPDATE pgfleet.jobs p SET has_children = true
+    WHERE p.id IN (SELECT e.parent_id FROM edge e)
+    RETURNING p.id, p.status
+), linked AS (
+    INSERT INTO pgfleet.job_dependencies (child_id, parent_id, run_anyway, batch)
+    SELECT e.child_id, e.parent_id, e.run_anyway, e.batch FROM edge e
+)
+SELECT e.parent_id, p.status::text AS status
+FROM (SELECT DISTINCT parent_id FROM edge) e LEFT JOIN parent p ON p.id = e.parent_id;
+
+-- name: job_settle_new :val
+-- Parents ($1) that had already finished (with status $2) when the children $3 were
+-- linked to them: settled now for those children only, as their triggers would
+-- have. Returns how many children became due.
+WITH marked AS MATERIALIZED (
+    SELECT sum(pgfleet.job_settle_edges(t.parent_id, t.status::pgfleet.job_status,
+                                        $3::uuid[])) AS edges
+    FROM unnest($1::uuid[], $2::text[]) AS t(parent_id, status)
+)
+SELECT pgfleet.job_settle_pending() FROM marked;
+
+-- name: batch_progress :one
+-- A batch's members' outcomes so far, read from its callback's edges.
+SELECT c.id, c.status::text AS callback_status, count(*) AS size,
+       count(*) FILTER (WHERE d.outcome = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE d.outcome = 'failed') AS failed,
+       count(*) FILTER (WHERE d.outcome = 'cancelled') AS cancelled,
+       count(*) FILTER (WHERE d.outcome IS NULL) AS pending
+FROM pgfleet.jobs c JOIN pgfleet.job_dependencies d ON d.child_id = c.id AND d.batch
+WHERE c.id = $1
+GROUP BY c.id, c.status;
+
+-- name: job_parents :many
+-- A job's parents (up to $2): each one's current status, or the outcome recorded
+-- when it finished if it was pruned since.
+SELECT d.parent_id AS id, p.name, COALESCE(p.status::text, d.outcome::text) AS status,
+       d.run_anyway, d.batch
+FROM pgfleet.job_dependencies d LEFT JOIN pgfleet.jobs p ON p.id = d.parent_id
+WHERE d.child_id = $1
+ORDER BY d.parent_id
+LIMIT $2;
+
+-- name: job_children :many
+-- The jobs waiting (or that waited) on a job, up to $2.
+SELECT d.child_id AS id, c.name, c.status::text AS status, d.run_anyway, d.batch
+FROM pgfleet.job_dependencies d JOIN pgfleet.jobs c ON c.id = d.child_id
+WHERE d.parent_id = $1
+ORDER BY d.child_id
+LIMIT $2;
+
+-- name: job_count_waiting :many
+-- Jobs waiting on parents, by name (the metric and the console).
+SELECT name, count(*) AS waiting FROM pgfleet.jobs
+WHERE waiting_on > 0 AND status = 'waiting'
+GROUP BY name;

@@ -28,7 +28,7 @@ from pgfleet.db.translate import (
     worker_from_record,
 )
 from pgfleet.db.types import Connection, Executor, Pool, Record
-from pgfleet.jobs import Job, JobStatus, WorkerInfo
+from pgfleet.jobs import BatchProgress, Job, JobStatus, Relative, WorkerInfo
 from pgfleet.limits import Limit, LimitSpec, Paused
 
 T = TypeVar("T")
@@ -77,6 +77,7 @@ _CRON = translate_errors("cron")
 _CRON_PREPARE = translate_errors("cron prepare")
 _CONSOLE = translate_errors("console")
 _ACCESS = translate_errors("access")
+_WORKFLOW = translate_errors("workflow")
 
 # ---------------------------------------------------------------- result records
 
@@ -276,6 +277,31 @@ class Store:
             await self.db.execute(Q.notify_wakeup.sql)
 
     # ------------------------------------------------------------ reading jobs
+
+    async def batch_progress(self, *, id: UUID) -> BatchProgress | None:
+        with _WORKFLOW:
+            r = await self.db.fetchrow(Q.batch_progress.sql, id)
+        if r is None:
+            return None
+        return BatchProgress(
+            id=r["id"],
+            size=int(r["size"]),
+            succeeded=int(r["succeeded"]),
+            failed=int(r["failed"]),
+            cancelled=int(r["cancelled"]),
+            pending=int(r["pending"]),
+            callback_status=JobStatus(r["callback_status"]),
+        )
+
+    async def job_parents(self, *, id: UUID, limit: int) -> list[Relative]:
+        with _WORKFLOW:
+            rows = await self.db.fetch(Q.job_parents.sql, id, limit)
+        return [_relative(r) for r in rows]
+
+    async def job_children(self, *, id: UUID, limit: int) -> list[Relative]:
+        with _WORKFLOW:
+            rows = await self.db.fetch(Q.job_children.sql, id, limit)
+        return [_relative(r) for r in rows]
 
     async def job_status_get(self, *, id: UUID) -> JobStatus | None:
         with _STATUS:
@@ -578,6 +604,12 @@ class Store:
             for r in rows
         ]
 
+    async def job_count_waiting(self) -> dict[str, int]:
+        """Jobs waiting on parents, by name."""
+        with _METRICS:
+            rows = await self.db.fetch(Q.job_count_waiting.sql)
+        return {r["name"]: int(r["waiting"]) for r in rows}
+
     async def workers_alive(self) -> int:
         with _METRICS:
             return int(await self.db.fetchval(Q.workers_alive.sql))
@@ -777,3 +809,7 @@ def _limit(r: Record) -> Limit:
         paused_at=r["paused_at"],
         updated_at=r["updated_at"],
     )
+
+
+def _relative(r: Record) -> Relative:
+    return Relative(r["id"], r["name"], JobStatus(r["status"]), r["run_anyway"], r["batch"])

@@ -45,6 +45,7 @@ from pgfleet.service.api_schema import (
     RequestError,
     check_content_type,
     decode_json,
+    parse_batch,
     parse_enqueue,
     parse_limits,
     parse_list_query,
@@ -55,7 +56,14 @@ from pgfleet.service.guard import Peer
 from pgfleet.service.http import database_ready
 from pgfleet.service.openapi import openapi_document
 from pgfleet.service.redaction import Redactor
-from pgfleet.service.views import job_view, limit_view, paused_view, timestamp
+from pgfleet.service.views import (
+    batch_view,
+    job_view,
+    limit_view,
+    paused_view,
+    relative_view,
+    timestamp,
+)
 
 log = logging.getLogger("pgfleet")
 access_log = logging.getLogger("pgfleet.access")
@@ -67,6 +75,8 @@ PEER = web.RequestKey("pgfleet_peer", Peer)
 CREDENTIAL = web.RequestKey("pgfleet_credential", Credential)
 #: The console's routes: it signs in with sessions, not bearer tokens.
 CONSOLE_PREFIX = "/ui"
+#: Parents and children listed per job by /jobs/{id}/dependencies.
+MAX_RELATIVES = 1000
 
 #: Request latency: 1 ms .. 30 s (an enqueue waiting on a busy database included).
 LATENCY_BUCKETS = (
@@ -189,6 +199,9 @@ class JobsApi:
         app.router.add_delete("/limits/{name}", self.clear_limits)
         app.router.add_post("/pause", self.pause)
         app.router.add_post("/resume", self.resume)
+        app.router.add_get("/jobs/{id}/dependencies", self.job_dependencies)
+        app.router.add_post("/batches", self.enqueue_batch)
+        app.router.add_get("/batches/{id}", self.get_batch)
         app.router.add_get("/healthz", self.healthz)
         app.router.add_get("/readyz", self.readyz)
         app.router.add_get("/openapi.json", self.openapi)
@@ -360,6 +373,39 @@ class JobsApi:
         audit(request[CREDENTIAL], request[PEER], "retry job %s (%s)", job.id, job.name)
         return web.json_response(self._view(job))
 
+    @requires(Access.READ_JOB)
+    async def job_dependencies(self, request: web.Request) -> web.Response:
+        job_id = request.match_info["id"]
+        job = await self.queue.get(job_id)
+        if job is None:
+            raise RequestError(404, f"no job with id {job_id}", {"id": job_id})
+        parents = await self.queue.parents(job.id, limit=MAX_RELATIVES)
+        children = await self.queue.children(job.id, limit=MAX_RELATIVES)
+        return web.json_response(
+            {
+                "parents": [relative_view(r) for r in parents],
+                "children": [relative_view(r) for r in children],
+            }
+        )
+
+    @requires(Access.ENQUEUE)
+    async def enqueue_batch(self, request: web.Request) -> web.Response:
+        members, callback = parse_batch(await self._read_json(request), self._limits)
+        await self._admit(EnqueueBody(members, batch=True))
+        batch_id, ids = await self.queue.enqueue_batch(members, callback=callback)
+        statuses = await self._statuses(members, ids)
+        jobs = [{"id": str(i), "status": s} for i, s in zip(ids, statuses, strict=True)]
+        return web.json_response(
+            {"id": str(batch_id), "jobs": jobs},
+            status=202,
+            headers={"Location": f"/batches/{batch_id}"},
+        )
+
+    @requires(Access.READ_JOB)
+    async def get_batch(self, request: web.Request) -> web.Response:
+        progress = await self.queue.batch_progress(request.match_info["id"])
+        return web.json_response(batch_view(progress))
+
     @requires(Access.OBSERVE)
     async def list_jobs(self, request: web.Request) -> web.Response:
         query = parse_list_query(request.query)
@@ -507,8 +553,13 @@ class JobsApi:
 
     async def _statuses(self, requests: list[EnqueueRequest], ids: list[UUID]) -> list[str]:
         """ "queued" for new jobs; the actual status where a job_key resolved to an
-        existing job (which may be running)."""
-        keyed = [i for req, i in zip(requests, ids, strict=True) if req.options.job_key]
+        existing job (which may be running), and of jobs with parents (waiting,
+        queued or cancelled, as their parents stand)."""
+        keyed = [
+            i
+            for req, i in zip(requests, ids, strict=True)
+            if req.options.job_key or req.options.after
+        ]
         found = await self.queue.statuses(keyed) if keyed else {}
         return [found.get(i, JobStatus.QUEUED).value for i in ids]
 

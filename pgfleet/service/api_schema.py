@@ -30,10 +30,13 @@ OPTION_FIELDS = frozenset(
         "job_key",
         "job_key_mode",
         "limit_key",
+        "after",
+        "run_anyway",
     }
 )
 LIMIT_FIELDS = frozenset({"concurrency", "rate", "per", "per_key"})
 PAUSE_FIELDS = frozenset({"name", "queue_name"})
+BATCH_FIELDS = frozenset({"jobs", "callback"})
 LIST_PARAMS = frozenset({"status", "name", "limit"})
 DEFAULT_LIST_LIMIT = 50
 MAX_LIST_LIMIT = 1000
@@ -56,6 +59,8 @@ _OPTION_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
     "job_key": ("a string", (str,)),
     "job_key_mode": ("a string", (str,)),
     "limit_key": ("a string", (str,)),
+    "after": ("an array of job ids and indexes of jobs of the same batch", (list,)),
+    "run_anyway": ("a boolean", (bool,)),
 }
 
 _LIMIT_TYPES: dict[str, tuple[str, tuple[type, ...]]] = {
@@ -196,6 +201,31 @@ def parse_enqueue(doc: Any, limits: Limits) -> EnqueueBody:
     return EnqueueBody(requests, batch=True)
 
 
+def parse_batch(doc: Any, limits: Limits) -> tuple[list[EnqueueRequest], EnqueueRequest]:
+    """``{"jobs": [...], "callback": {...}}``: a batch's members and its callback."""
+    if not isinstance(doc, dict):
+        raise RequestError(
+            422, f"the body must be a JSON object, got {json_type(doc)}", {"expected": "object"}
+        )
+    _refuse_unknown(doc, BATCH_FIELDS, "")
+    if "callback" not in doc:
+        raise _invalid("callback", "is required")
+    members = parse_enqueue({"jobs": doc.get("jobs")}, limits).requests
+    if len(members) >= limits.max_batch:
+        raise RequestError(
+            413,
+            f"a batch of {len(members)} jobs and its callback is over the limit of "
+            f"{limits.max_batch} per request",
+            {"field": "jobs", "count": len(members) + 1, "max_batch": limits.max_batch},
+        )
+    callback = parse_job(doc["callback"], "callback.", limits)
+    if callback.options.after:
+        raise _invalid("callback.options.after", "is set by the batch (every member)")
+    if not (callback.payload is None or isinstance(callback.payload, dict)):
+        raise _invalid("callback.payload", "must be a JSON object or null")
+    return members, callback
+
+
 def parse_job(obj: Any, path: str, limits: Limits) -> EnqueueRequest:
     where = path.rstrip(".") or "the body"
     if not isinstance(obj, dict):
@@ -245,25 +275,37 @@ def parse_options(obj: Any, path: str) -> EnqueueOptions:
     for key, value in obj.items():
         if value is None:
             continue  # null means "the default"
-        field = f"{path}.{key}"
-        expected, types = _OPTION_TYPES[key]
-        if isinstance(value, bool) or not isinstance(value, types):
-            raise _invalid(field, f"must be {expected}, got {json_type(value)}")
-        if isinstance(value, str) and key == "run_at":
-            value = parse_rfc3339(value, field)
-        try:  # each option alone first, so the error names its field
-            EnqueueOptions(**{key: value})
-        except ValidationError as exc:
-            raise _invalid(field, str(exc)) from None
-        except OverflowError:
-            raise _invalid(field, f"{value!r} is out of range") from None
-        given[key] = value
+        given[key] = _option_value(key, value, f"{path}.{key}")
     if not given:
         return DEFAULT_OPTIONS
     try:
         return EnqueueOptions(**given)
     except ValidationError as exc:  # combinations, e.g. run_at with delay
         raise _invalid(path, str(exc)) from None
+
+
+def _option_value(key: str, value: Any, field: str) -> Any:
+    """One enqueue option's JSON value, checked alone (so the error names its field)."""
+    expected, types = _OPTION_TYPES[key]
+    if key == "run_anyway":
+        if not isinstance(value, bool):
+            raise _invalid(field, f"must be {expected}, got {json_type(value)}")
+        return value  # checked with after, by the caller's EnqueueOptions
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise _invalid(field, f"must be {expected}, got {json_type(value)}")
+    if key == "after" and isinstance(value, list):
+        value = tuple(value)
+        if any(isinstance(v, bool) or not isinstance(v, str | int) for v in value):
+            raise _invalid(field, f"must be {expected}")
+    if isinstance(value, str) and key == "run_at":
+        value = parse_rfc3339(value, field)
+    try:
+        EnqueueOptions(**{key: value})
+    except ValidationError as exc:
+        raise _invalid(field, str(exc)) from None
+    except OverflowError:
+        raise _invalid(field, f"{value!r} is out of range") from None
+    return value
 
 
 def parse_rfc3339(text: str, field: str = "run_at") -> datetime:

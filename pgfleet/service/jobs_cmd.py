@@ -1,6 +1,7 @@
 """``pgfleet jobs``: look at and manage jobs from a shell.
 
-``list``, ``get``, ``cancel``, ``retry``, ``counts`` and ``workers`` print a table
+``list``, ``get``, ``cancel``, ``retry``, ``counts``, ``workers``, ``deps`` (a job's
+parents and children) and ``batch`` (a batch's progress) print a table
 (or JSON with ``--json``). Exit codes: 0 done, 1 the database could not be used,
 2 bad input, 3 no such job, 4 refused because of the job's state. Needs only
 asyncpg: it works without the service extras.
@@ -27,7 +28,7 @@ from pgfleet.jobs import JobStatus
 from pgfleet.queue import Queue, create_pool
 from pgfleet.service.flags import add_dsn, add_pgbouncer
 from pgfleet.service.process import NO_DATABASE, dsn_problem
-from pgfleet.service.views import job_view, worker_view
+from pgfleet.service.views import batch_view, job_view, relative_view, worker_view
 
 EXIT_OK = 0
 EXIT_DATABASE = 1
@@ -68,6 +69,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "retry", parents=[common], help="run a failed or cancelled job again, now"
     )
     retry.add_argument("id", help="the job id")
+    deps = sub.add_parser(
+        "deps", parents=[common], help="a job's parents (what it waits on) and children"
+    )
+    deps.add_argument("id", help="the job id")
+    batch = sub.add_parser(
+        "batch", parents=[common], help="a batch's progress: its members by outcome"
+    )
+    batch.add_argument("id", help="the batch id (its callback job's id)")
     sub.add_parser("counts", parents=[common], help="job totals by status (scans the table)")
     sub.add_parser("workers", parents=[common], help="registered worker processes")
 
@@ -172,6 +181,30 @@ async def _retry(queue: Any, args: argparse.Namespace) -> None:
     _print_record(job_view(await queue.retry(args.id)), args.json)
 
 
+async def _deps(queue: Any, args: argparse.Namespace) -> None:
+    job = await queue.get(args.id)
+    if job is None:
+        raise JobNotFound(args.id)
+    parents = [relative_view(r) for r in await queue.parents(job.id, limit=1000)]
+    children = [relative_view(r) for r in await queue.children(job.id, limit=1000)]
+    if args.json:
+        print_json({"parents": parents, "children": children})
+        return
+    rows = [
+        [kind, v["id"], v["name"] or "(pruned)", v["status"], "yes" if v["run_anyway"] else ""]
+        for kind, views in (("parent", parents), ("child", children))
+        for v in views
+    ]
+    if not rows:
+        print("no parents and no children")
+        return
+    print_table(["", "ID", "NAME", "STATUS", "RUNS ANYWAY"], rows)
+
+
+async def _batch(queue: Any, args: argparse.Namespace) -> None:
+    _print_record(batch_view(await queue.batch_progress(args.id)), args.json)
+
+
 async def _counts(queue: Any, args: argparse.Namespace) -> None:
     counts = {status.value: n for status, n in (await queue.counts()).items()}
     if args.json:
@@ -213,6 +246,8 @@ _ACTIONS: dict[str, Callable[[Any, argparse.Namespace], Awaitable[None]]] = {
     "retry": _retry,
     "counts": _counts,
     "workers": _workers,
+    "deps": _deps,
+    "batch": _batch,
 }
 
 

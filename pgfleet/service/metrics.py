@@ -279,6 +279,7 @@ class QueueStats(Collector):
         self._alive: int = 0
         self._waiting: list[tuple[str, str, int]] = []
         self._paused: list[Paused] = []
+        self._waiting_on_parents: dict[str, int] = {}
         self._took = 0.0
 
     async def refresh(self) -> None:
@@ -293,6 +294,7 @@ class QueueStats(Collector):
                     self._alive = await store.workers_alive()
                     self._waiting = await store.jobs_waiting_on_limit()
                     self._paused = await store.paused_list()
+                    self._waiting_on_parents = await store.job_count_waiting()
                 else:
                     self._rows = None
         except Exception as exc:
@@ -368,6 +370,19 @@ class QueueStats(Collector):
             target = "job_name" if p.kind == "name" else "queue"
             paused.add_metric([target, p.name], max((now - p.paused_at).total_seconds(), 0.0))
         yield paused
+        parents = GaugeMetricFamily(
+            "pgfleet_jobs_waiting_on_parents",
+            "Jobs enqueued with parents (after) that wait for them to finish; "
+            "outside the runnable backlog.",
+            labels=["kind"],
+        )
+        summed_parents: dict[str, float] = {}
+        for name in sorted(self._waiting_on_parents, key=lambda n: (n not in self._known, n)):
+            kind = labels(name)
+            summed_parents[kind] = summed_parents.get(kind, 0.0) + self._waiting_on_parents[name]
+        for kind, value in summed_parents.items():
+            parents.add_metric([kind], value)
+        yield parents
         yield GaugeMetricFamily(
             "pgfleet_workers_alive", "Registered workers with a live heartbeat.", value=self._alive
         )

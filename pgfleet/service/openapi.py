@@ -24,6 +24,7 @@ from pgfleet.jobs import (
     MAX_ATTEMPTS_LIMIT,
     MAX_DELAY_SECONDS,
     MAX_JOB_KEY_LENGTH,
+    MAX_PARENTS,
     NAME_PATTERN,
     PRIORITY_MAX,
     PRIORITY_MIN,
@@ -130,6 +131,24 @@ _OPTION_SCHEMAS: dict[str, dict[str, Any]] = {
         "existing job), replace (overwrite a queued job, run_at included), "
         "preserve_run_at (overwrite payload and options, keep run_at).",
     },
+    "after": {
+        "type": ["array", "null"],
+        "items": {
+            "oneOf": [
+                {"type": "string", "format": "uuid"},
+                {"type": "integer", "minimum": 0},
+            ]
+        },
+        "maxItems": MAX_PARENTS,
+        "description": "Parents: the job waits (status waiting) until every one "
+        "succeeded. Job ids, or in a batch the index of another job of the batch. "
+        "A parent that fails or is cancelled cancels the job unless run_anyway. Not "
+        "with job_key.",
+    },
+    "run_anyway": {
+        "type": ["boolean", "null"],
+        "description": "With after: run once every parent finished, whatever its outcome.",
+    },
 }
 
 _JOB_FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
@@ -231,7 +250,8 @@ def _schemas(limits: Limits) -> dict[str, Any]:
                 "status": {
                     "$ref": _REF + "JobStatus",
                     "description": "queued, or the status of the existing job a job_key "
-                    "resolved to.",
+                    "resolved to; for a job with after, waiting (or queued or cancelled "
+                    "when its parents had already finished).",
                 },
             },
         },
@@ -240,6 +260,84 @@ def _schemas(limits: Limits) -> dict[str, Any]:
             "required": ["jobs"],
             "additionalProperties": False,
             "properties": {"jobs": {"type": "array", "items": {"$ref": _REF + "Accepted"}}},
+        },
+        "EnqueueBatchWithCallback": {
+            "type": "object",
+            "required": ["jobs", "callback"],
+            "additionalProperties": False,
+            "properties": {
+                "jobs": {
+                    "type": "array",
+                    "minItems": 1,
+                    "maxItems": limits.max_batch - 1,
+                    "items": {"$ref": _REF + "EnqueueJob"},
+                    "description": "The members, enqueued with the callback in one transaction.",
+                },
+                "callback": {
+                    "$ref": _REF + "EnqueueJob",
+                    "description": "Runs once, when every member finished; its payload "
+                    "(an object or null) gets a 'batch' key with the members' outcomes.",
+                },
+            },
+        },
+        "AcceptedBatchWithCallback": {
+            "type": "object",
+            "required": ["id", "jobs"],
+            "additionalProperties": False,
+            "properties": {
+                "id": {
+                    "type": "string",
+                    "format": "uuid",
+                    "description": "The batch's id: its callback job's.",
+                },
+                "jobs": {"type": "array", "items": {"$ref": _REF + "Accepted"}},
+            },
+        },
+        "BatchProgress": {
+            "type": "object",
+            "required": [
+                "id",
+                "size",
+                "succeeded",
+                "failed",
+                "cancelled",
+                "pending",
+                "callback_status",
+            ],
+            "additionalProperties": False,
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "size": {"type": "integer", "minimum": 1},
+                "succeeded": {"type": "integer", "minimum": 0},
+                "failed": {"type": "integer", "minimum": 0},
+                "cancelled": {"type": "integer", "minimum": 0},
+                "pending": {"type": "integer", "minimum": 0},
+                "callback_status": {"$ref": _REF + "JobStatus"},
+            },
+        },
+        "Relative": {
+            "type": "object",
+            "required": ["id", "name", "status", "run_anyway", "batch"],
+            "additionalProperties": False,
+            "properties": {
+                "id": {"type": "string", "format": "uuid"},
+                "name": {
+                    "type": ["string", "null"],
+                    "description": "null: a parent pruned since it finished.",
+                },
+                "status": {"$ref": _REF + "JobStatus"},
+                "run_anyway": {"type": "boolean"},
+                "batch": {"type": "boolean"},
+            },
+        },
+        "Dependencies": {
+            "type": "object",
+            "required": ["parents", "children"],
+            "additionalProperties": False,
+            "properties": {
+                "parents": {"type": "array", "items": {"$ref": _REF + "Relative"}},
+                "children": {"type": "array", "items": {"$ref": _REF + "Relative"}},
+            },
         },
         "Job": _job_view_schema(),
         "JobList": {
@@ -602,6 +700,64 @@ def _paths(limits: Limits) -> dict[str, Any]:
                 {"200": _json("Job", "The status record (never the payload)."), "404": not_found},
                 secured=True,
                 parameters=[_JOB_ID],
+            ),
+        },
+        "/jobs/{id}/dependencies": {
+            "get": _operation(
+                "jobDependencies",
+                "A job's parents (the jobs it waits on) and children",
+                {
+                    "200": _json("Dependencies", "Each with its status (up to 1000 each)."),
+                    "404": not_found,
+                },
+                secured=True,
+                parameters=[_JOB_ID],
+            ),
+        },
+        "/batches": {
+            "post": _operation(
+                "enqueueBatch",
+                "Enqueue a batch with a callback that runs once every member finished",
+                {
+                    "202": _json(
+                        "AcceptedBatchWithCallback",
+                        "Committed: the batch's id (its callback's) and every member's id.",
+                        {
+                            "Location": {
+                                "description": "/batches/{id} of the batch.",
+                                "schema": {"type": "string"},
+                            }
+                        },
+                    ),
+                    "400": _error("Malformed JSON."),
+                    "409": _error("A job_key repeated in the batch or held by another job."),
+                    "413": _error(
+                        f"The body, a payload or the batch (at most {limits.max_batch} jobs "
+                        "with the callback) is too large, or over a backlog cap."
+                    ),
+                    "415": _error("The body is not application/json in UTF-8."),
+                    "422": _error(
+                        "Unknown fields, invalid names or options, a dependency cycle or "
+                        "unknown parent; detail names the field."
+                    ),
+                },
+                secured=True,
+                requestBody={
+                    "required": True,
+                    "content": {_JSON: {"schema": {"$ref": _REF + "EnqueueBatchWithCallback"}}},
+                },
+            ),
+        },
+        "/batches/{id}": {
+            "get": _operation(
+                "getBatch",
+                "A batch's progress: members by outcome, and its callback's status",
+                {
+                    "200": _json("BatchProgress", "Counts of the members' outcomes so far."),
+                    "404": _error("No batch with that id (malformed ids included)."),
+                },
+                secured=True,
+                parameters=[{**_JOB_ID, "description": "The batch's id (its callback's)."}],
             ),
         },
         "/jobs/{id}/cancel": {

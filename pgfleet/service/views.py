@@ -10,7 +10,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pgfleet.jobs import Job, JobStatus, WorkerInfo
+from pgfleet.jobs import BatchProgress, Job, JobStatus, Relative, WorkerInfo
 from pgfleet.limits import Limit, Paused
 
 #: States in which ``last_error`` describes the job: it failed for good, or it is
@@ -49,6 +49,31 @@ def job_view(job: Job) -> dict[str, Any]:
     }
     view.update((key, value) for key, value in optional.items() if value is not None)
     return view
+
+
+def relative_view(relative: Relative) -> dict[str, Any]:
+    """A parent or child of a job: its id, name (None once pruned), status, and
+    whether the child runs whatever the parent's outcome."""
+    return {
+        "id": str(relative.id),
+        "name": relative.name,
+        "status": relative.status.value,
+        "run_anyway": relative.run_anyway,
+        "batch": relative.batch,
+    }
+
+
+def batch_view(progress: BatchProgress) -> dict[str, Any]:
+    """A batch's progress: members by outcome, pending, and its callback's status."""
+    return {
+        "id": str(progress.id),
+        "size": progress.size,
+        "succeeded": progress.succeeded,
+        "failed": progress.failed,
+        "cancelled": progress.cancelled,
+        "pending": progress.pending,
+        "callback_status": progress.callback_status.value,
+    }
 
 
 def worker_view(worker: WorkerInfo) -> dict[str, Any]:

@@ -85,6 +85,7 @@ async def test_list_get_counts_and_workers(database: str, pool: asyncpg.Pool) ->
         "succeeded": 0,
         "failed": 1,
         "cancelled": 0,
+        "waiting": 0,
     }
     assert "total      2" in (await pgfleet_jobs("counts", dsn=database)).out
 

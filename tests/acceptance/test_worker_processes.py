@@ -61,6 +61,7 @@ async def test_three_processes_run_every_job_exactly_once(
         JobStatus.SUCCEEDED: 5000,
         JobStatus.FAILED: 0,
         JobStatus.CANCELLED: 0,
+        JobStatus.WAITING: 0,
     }
 
 

@@ -11,6 +11,7 @@ Profiles: ``PGFLEET_CHAOS_PROFILE=short`` (default, in ``make test``) or ``long`
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -21,6 +22,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+import pgfleet
 from pgfleet import EnqueueOptions, EnqueueRequest
 from tests.chaos import app, conftest, harness
 from tests.chaos.cluster import PrivateCluster
@@ -506,5 +508,98 @@ async def _migrate(cluster: PrivateCluster, tmp_path: Path) -> Row:
             f"extra {sorted(set(got) - set(want))}"
         )
     row.verdict = "ok" if not problems else "FAIL"
+    row.notes = problems
+    return row
+
+
+# --- workflows -----------------------------------------------------------------------
+
+
+def test_workflow_under_sigkill_loop(
+    chaos_cluster: PrivateCluster, chaos_results: harness.Results, tmp_path: Path
+) -> None:
+    row = asyncio.run(_workflow(chaos_cluster, tmp_path))
+    _keep(chaos_results, "workflow-sigkill", row, tmp_path)
+    assert row.verdict == "ok", "\n".join(row.notes)
+
+
+async def _workflow(cluster: PrivateCluster, tmp_path: Path) -> Row:
+    """Trees of three levels (a root, three children, two grandchildren each) and a
+    join after the six grandchildren, drained while workers are SIGKILLed in a loop:
+    nothing lost, and no job started before every parent's run had ended."""
+    p = PROFILE
+    row = Row("workflow: 3 levels and a join, SIGKILL loop")
+    database = await conftest.new_database(cluster)
+    opts = EnqueueOptions(max_attempts=25)
+    work = {"ms": p.job_ms}
+    trees = max(p.jobs // 11, 10)
+    async with Run(cluster, database, tmp_path, p) as run:
+        await run.start_workers(p.workers)
+        parents: dict[str, list[str]] = {}
+        pool = await asyncpg.create_pool(run.direct_dsn, min_size=1, max_size=2)
+        try:
+            queue = pgfleet.Queue(pool)
+            for _ in range(trees):
+                requests = [EnqueueRequest("work", work, opts)]
+                for _ in range(3):
+                    requests.append(
+                        EnqueueRequest("work", work, dataclasses.replace(opts, after=(0,)))
+                    )
+                for m in range(3):
+                    for _ in range(2):
+                        requests.append(
+                            EnqueueRequest("work", work, dataclasses.replace(opts, after=(1 + m,)))
+                        )
+                requests.append(
+                    EnqueueRequest(
+                        "work", work, dataclasses.replace(opts, after=tuple(range(4, 10)))
+                    )
+                )
+                ids = [str(i) for i in await queue.enqueue_many(requests)]
+                for index, req in enumerate(requests):
+                    parents[ids[index]] = [ids[int(a)] for a in req.options.after]
+        finally:
+            await pool.close()
+        total = len(parents)
+        drain = await harness.drain_under_fault(run, total, fault_sigkill, total // 3)
+        await run.victim_done()
+        live = run.live_workers()
+        codes = await harness.stop_workers(run, live)
+        tally = await run.monitor.fetch(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded') AS done, "
+            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs"
+        )
+        starts = run.executions()
+        ends: dict[str, float] = {}
+        for f in run.runs_dir.glob("runs-*.log"):
+            for line in f.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 5 and parts[0] == "E":
+                    ends[parts[1]] = max(ends.get(parts[1], 0.0), float(parts[4]))
+    problems = list(run.notes)
+    assert tally is not None
+    row.finished = f"{tally[0]['done']}/{total}"
+    row.lost = int(tally[0]["lost"])
+    row.drain_s = drain.drain_s
+    row.ran_twice = sum(1 for r in starts.values() if len(r) > 1)
+    early = [
+        job
+        for job, ps in parents.items()
+        if job in starts
+        and any(starts[job][0][0] < ends.get(parent, float("inf")) for parent in ps)
+    ]
+    never_ran = set(parents) - set(starts)
+    if drain.stalled:
+        problems.append(f"STALLED: {drain.stalled}")
+    if row.lost:
+        problems.append(f"LOST {row.lost} jobs")
+    if never_ran:
+        problems.append(f"{len(never_ran)} jobs never ran")
+    if early:
+        problems.append(f"{len(early)} jobs started before a parent had ended, e.g. {early[:3]}")
+    failed = bool(drain.stalled or row.lost or never_ran or early)
+    if any(c != 0 for c in codes):
+        problems.append(f"final SIGTERM exit codes {codes}")
+    row.verdict = "FAIL" if failed else "ok"
     row.notes = problems
     return row

@@ -165,6 +165,17 @@ async def test_enqueue_options(database: str) -> None:
     assert len(found["send_receipt"]) == 1, "the transaction committed it"
 
 
+async def test_workflows(database: str) -> None:
+    output = python("workflows.py", SNIPPETS, database)
+    assert "imported 9 of 10, 1 failed" in output, output
+    assert "batch: 9 succeeded, 1 failed" in output and "merge_pdf waited on 3 jobs" in output
+    # merge_pdf ran after its three pages; nothing is left waiting.
+    assert output.index("PDF merged") > output.index("page 2 rendered")
+    found = await statuses(database)
+    assert found["merge_pdf"] == ["succeeded", "succeeded"]
+    assert "waiting" not in {s for statuses_ in found.values() for s in statuses_}
+
+
 def test_the_handler_tests_pass(database: str) -> None:
     output = run(
         [sys.executable, "-m", "pytest", "-q", "test_handlers.py"],

@@ -173,6 +173,7 @@ async def test_counts_are_exact_per_status(pool: asyncpg.Pool) -> None:
         JobStatus.SUCCEEDED: 4,
         JobStatus.FAILED: 1,
         JobStatus.CANCELLED: 2,
+        JobStatus.WAITING: 0,
     }
     assert await queue.runnable_backlog() == 3
     assert await queue.runnable_backlog("other") == 0

@@ -24,9 +24,11 @@ EXPECTED_TABLES = {
     "queue_pauses",
     "flow_turns",
     "limit_starts",
+    "job_dependencies",
 }
 EXPECTED_INDEXES = {
     "jobs_pkey",
+    "jobs_waiting",
     "jobs_runnable",
     "jobs_queue_head",
     "jobs_queue_running",
@@ -73,7 +75,7 @@ async def test_migrate_builds_the_expected_schema(pool: asyncpg.Pool) -> None:
     ):
         assert " WHERE " in indexes[name], name
     statuses = await pool.fetchval("SELECT enum_range(NULL::pgfleet.job_status)::text")
-    assert statuses == "{queued,running,succeeded,failed,cancelled}"
+    assert statuses == "{queued,running,succeeded,failed,cancelled,waiting}"
 
 
 async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:

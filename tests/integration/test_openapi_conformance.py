@@ -94,9 +94,30 @@ async def test_every_answer_matches_the_document(api: Conformance, pool: asyncpg
     status, failed, _ = await api.call("GET", "/jobs/{id}", f"/jobs/{keyed}")
     assert (status, failed["error"], failed["queue_name"]) == (200, "card declined", "billing")
 
+    # Workflows: a batch with its callback, its progress, a job's relatives.
+    status, accepted, headers = await api.call(
+        "POST",
+        "/batches",
+        json={
+            "jobs": [{"name": "resize"}, {"name": "resize", "options": {"after": [0]}}],
+            "callback": {"name": "report", "payload": {"to": "ops"}},
+        },
+    )
+    assert (status, [j["status"] for j in accepted["jobs"]]) == (202, ["queued", "waiting"])
+    batch_path = headers["Location"]
+    assert (await api.call("GET", "/batches/{id}", batch_path))[0] == 200
+    member = accepted["jobs"][1]["id"]
+    status, relatives, _ = await api.call(
+        "GET", "/jobs/{id}/dependencies", f"/jobs/{member}/dependencies"
+    )
+    assert (status, len(relatives["parents"]), len(relatives["children"])) == (200, 1, 1)
+    assert (await api.call("POST", "/batches", json={"jobs": [{"name": "x"}]}))[0] == 422
+    assert (await api.call("GET", "/batches/{id}", f"/batches/{uuid.uuid4()}"))[0] == 404
+
     for unknown in (str(uuid.uuid4()), "not-a-uuid"):
         for method, template, suffix in (
             ("GET", "/jobs/{id}", ""),
+            ("GET", "/jobs/{id}/dependencies", "/dependencies"),
             ("POST", "/jobs/{id}/cancel", "/cancel"),
             ("POST", "/jobs/{id}/retry", "/retry"),
         ):

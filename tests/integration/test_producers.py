@@ -124,6 +124,33 @@ async def test_every_option_is_stored_as_queue_stores_it(
 
 
 @pytest.mark.parametrize("kind", PRODUCERS, ids=str)
+async def test_every_producer_enqueues_jobs_that_wait_for_their_parents(
+    kind: Kind, pool: asyncpg.Pool, database: str
+) -> None:
+    (parent,) = await REFERENCE.enqueue(database, [EnqueueRequest("p", 1)])
+    child, grandchild = await kind.enqueue(
+        database,
+        [
+            EnqueueRequest("c", 2, EnqueueOptions(after=(parent,))),
+            EnqueueRequest("g", 3, EnqueueOptions(after=(0,))),
+        ],
+    )
+    (alone,) = await kind.enqueue(
+        database, [EnqueueRequest("a", 4, EnqueueOptions(after=(parent,)))]
+    )
+    queue = Queue(pool)
+    statuses = await queue.statuses([child, grandchild, alone])
+    assert set(statuses.values()) == {JobStatus.WAITING}
+    await queue.complete(parent)
+    statuses = await queue.statuses([child, grandchild, alone])
+    assert statuses == {
+        child: JobStatus.QUEUED,
+        grandchild: JobStatus.WAITING,
+        alone: JobStatus.QUEUED,
+    }
+
+
+@pytest.mark.parametrize("kind", PRODUCERS, ids=str)
 async def test_a_job_key_dedupes_across_producers(
     kind: Kind, pool: asyncpg.Pool, database: str
 ) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 from prometheus_client import CollectorRegistry, generate_latest
 
-from pgfleet import EnqueueOptions, Queue
+from pgfleet import EnqueueOptions, EnqueueRequest, Queue
 from pgfleet.service.metrics import QueueStats
 from tests.helpers import put_in_state
 
@@ -77,3 +77,28 @@ async def test_job_names_past_the_budget_share_one_series(pool: asyncpg.Pool) ->
         'pgfleet_jobs_queued{kind="c"}': 1,
         'pgfleet_jobs_queued{kind="_other"}': 3,
     }
+
+
+async def test_jobs_waiting_on_parents_have_their_gauge_and_stay_out_of_the_backlog(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    parent = await queue.enqueue("a", {})
+    await queue.enqueue_many(
+        [
+            EnqueueRequest("b", {}, EnqueueOptions(after=(parent,))),
+            EnqueueRequest("b", {}, EnqueueOptions(after=(0,))),
+        ]
+    )
+    stats = QueueStats(pool, lease=60)
+    await stats.refresh()
+    metrics = exported(stats)
+    assert metrics['pgfleet_jobs_waiting_on_parents{kind="b"}'] == 2
+    assert metrics['pgfleet_jobs_queued{kind="a"}'] == 1
+    assert 'pgfleet_jobs_queued{kind="b"}' not in metrics  # waiting jobs are no backlog
+    assert await queue.runnable_backlog() == 1
+    await queue.complete(parent)
+    await stats.refresh()
+    metrics = exported(stats)
+    assert metrics['pgfleet_jobs_waiting_on_parents{kind="b"}'] == 1
+    assert metrics['pgfleet_jobs_queued{kind="b"}'] == 1

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as dt
+import uuid
+from typing import Any
 
 import pytest
 
@@ -40,3 +42,27 @@ def test_runs_now() -> None:
 def test_delay_accepts_timedelta_and_seconds() -> None:
     assert EnqueueOptions(delay=dt.timedelta(minutes=2)).delay_seconds == 120
     assert EnqueueOptions(delay=1.5).delay_seconds == 1.5
+
+
+def test_after_takes_job_ids_and_batch_indexes_once_each() -> None:
+    parent = uuid.uuid4()
+    opts = EnqueueOptions(after=[parent, str(parent), 2, 2], run_anyway=True)
+    assert opts.after == (parent, 2)
+    assert not opts.runs_now  # a job with parents waits: no wakeup for it
+
+
+@pytest.mark.parametrize(
+    ("fields", "problem"),
+    [
+        ({"after": ["not-a-uuid"]}, "is not a job id"),
+        ({"after": [-1]}, "job ids .UUID. or indexes"),
+        ({"after": [True]}, "job ids .UUID. or indexes"),
+        ({"run_anyway": True}, "run_anyway needs after"),
+        ({"after": [0], "run_anyway": "yes"}, "run_anyway must be a boolean"),
+        ({"after": [0], "job_key": "k"}, "cannot have a job_key"),
+        ({"after": list(range(1001))}, "at most 1000"),
+    ],
+)
+def test_bad_dependencies_are_refused_saying_why(fields: dict[str, Any], problem: str) -> None:
+    with pytest.raises(InvalidOptions, match=problem):
+        EnqueueOptions(**fields)

@@ -465,8 +465,13 @@ class Console:
         if show and not may_see:
             raise Refused(403, "Payload hidden", "Payloads are shown to the operator role only.")
         now = await self._data.now()
+        parents = await self._data.queue.parents(job.id, limit=100)
+        children = await self._data.queue.children(job.id, limit=100)
+        batch = None
+        if parents and all(p.batch for p in parents):
+            batch = await self._data.queue.batch_progress(job.id)
         done = pages.DONE_MESSAGES.get(request.query.get("done", ""))
-        live = job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+        live = job.status in (JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.WAITING)
         frame = self._frame(visit, f"Job {job.name}", "jobs", refresh=3 if live else 0)
         if done:
             frame = dataclasses.replace(frame, notice=done)
@@ -481,6 +486,9 @@ class Console:
                 if not self.config.payloads
                 else "Payloads are shown to the operator role only."
             ),
+            parents=parents,
+            children=children,
+            batch=batch,
         )
         return self._html(page)
 

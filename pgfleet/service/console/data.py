@@ -76,6 +76,8 @@ class Overview:
     limits: list[Limit] = field(default_factory=list)
     paused_queues: list[Paused] = field(default_factory=list)
     waiting: list[tuple[str, str, int]] = field(default_factory=list)
+    #: Jobs waiting on parents, by name.
+    waiting_on_parents: dict[str, int] = field(default_factory=dict)
 
 
 class ConsoleData:
@@ -122,9 +124,17 @@ class ConsoleData:
             limits = await store.limits_list()
             paused = [p for p in await store.paused_list() if p.kind == "queue"]
             waiting = await store.jobs_waiting_on_limit()
+            waiting_on_parents = await store.job_count_waiting()
         workers = await self.queue.workers()
         return Overview(
-            now, sorted(names, key=lambda r: r.name), workers, leases, limits, paused, waiting
+            now,
+            sorted(names, key=lambda r: r.name),
+            workers,
+            leases,
+            limits,
+            paused,
+            waiting,
+            waiting_on_parents,
         )
 
     async def now(self) -> datetime:

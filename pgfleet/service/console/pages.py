@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlencode
 from uuid import UUID
 
-from pgfleet.jobs import Job, JobStatus, WorkerInfo
+from pgfleet.jobs import BatchProgress, Job, JobStatus, Relative, WorkerInfo
 from pgfleet.service.console.auth import CSRF_FIELD, LOGIN_CSRF_FIELD
 from pgfleet.service.console.data import JobFilter, JobPage, Overview
 from pgfleet.service.console.html import Child, Markup, el, join
@@ -28,6 +28,7 @@ ACTIONS: dict[JobStatus, tuple[str, ...]] = {
     JobStatus.FAILED: ("retry",),
     JobStatus.CANCELLED: ("retry",),
     JobStatus.SUCCEEDED: (),
+    JobStatus.WAITING: ("cancel",),
 }
 DONE_MESSAGES = {
     "retried": "Retried: the job is queued again with fresh attempts.",
@@ -271,6 +272,11 @@ def overview_page(frame: Frame, data: Overview, holder: UUID | None) -> Markup:
                 f"{BASE}/jobs?status=queued",
             ),
             card("Running", sum(r.running for r in data.names), f"{BASE}/jobs?status=running"),
+            card(
+                "Waiting on parents",
+                sum(data.waiting_on_parents.values()),
+                f"{BASE}/jobs?status=waiting",
+            ),
             card("Dead", sum(r.dead for r in data.names), f"{BASE}/jobs?status=failed"),
         ),
         el("h2", None, "Per job name"),
@@ -487,6 +493,9 @@ def job_page(
     payloads: bool,
     show_payload: bool,
     hidden_note: str = "Payload display is turned off on this console.",
+    parents: Sequence[Relative] = (),
+    children: Sequence[Relative] = (),
+    batch: BatchProgress | None = None,
 ) -> Markup:
     fields: list[tuple[str, Child]] = [
         ("Id", el("code", None, str(job.id))),
@@ -542,8 +551,54 @@ def job_page(
         frame,
         details,
         job_actions(frame.csrf or "", job) if frame.can_act else "",
+        batch_section(batch) if batch is not None else "",
+        relatives_section("Waits on", "parents", parents) if parents else "",
+        relatives_section("Children", "children", children) if children else "",
         error,
         el("section", None, el("h2", None, "Payload"), payload),
+    )
+
+
+def relatives_section(title: str, key: str, relatives: Sequence[Relative]) -> Markup:
+    """A job's parents or children, each linked, with its status."""
+    rows = [
+        [
+            el("a", {"href": f"{BASE}/jobs/{r.id}"}, str(r.id)),
+            r.name or "(pruned)",
+            badge(r.status.value),
+            "runs anyway" if r.run_anyway else "",
+        ]
+        for r in relatives
+    ]
+    return el(
+        "section",
+        {"id": key},
+        el("h2", None, f"{title} ({len(relatives)}{'+' if len(relatives) >= 100 else ''})"),
+        table(["Job", "Name", "Status", ""], rows, "None."),
+    )
+
+
+def batch_section(progress: BatchProgress) -> Markup:
+    """This job is a batch's callback: the members' outcomes so far."""
+    done = progress.size - progress.pending
+    fields: list[tuple[str, Child]] = [
+        ("Members", progress.size),
+        ("Finished", f"{done} of {progress.size}"),
+        ("Succeeded", progress.succeeded),
+        ("Failed", progress.failed),
+        ("Cancelled", progress.cancelled),
+        ("Pending", progress.pending),
+    ]
+    return el(
+        "section",
+        {"id": "batch"},
+        el("h2", None, "Batch"),
+        el(
+            "progress",
+            {"max": str(progress.size), "value": str(done)},
+            f"{done}/{progress.size}",
+        ),
+        el("dl", {"class": "fields"}, [(el("dt", None, k), el("dd", None, v)) for k, v in fields]),
     )
 
 

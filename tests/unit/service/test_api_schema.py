@@ -15,6 +15,7 @@ from pgfleet.service.api_schema import (
     RequestError,
     check_content_type,
     decode_json,
+    parse_batch,
     parse_enqueue,
     parse_list_query,
     parse_rfc3339,
@@ -315,3 +316,30 @@ def test_job_view_is_flat_and_never_has_the_payload() -> None:
         assert "payload" not in view
         assert "s3cr3t" not in json.dumps(view)
         assert all(not isinstance(v, dict | list) for v in view.values())
+
+
+def test_after_and_run_anyway_are_options_and_a_batch_needs_its_callback() -> None:
+    parent = str(uuid.uuid4())
+    body = parse_enqueue(
+        {
+            "jobs": [
+                {"name": "a"},
+                {"name": "b", "options": {"after": [0, parent], "run_anyway": True}},
+            ]
+        },
+        Limits(),
+    )
+    assert body.requests[1].options.after == (0, uuid.UUID(parent))
+    assert body.requests[1].options.run_anyway
+    with pytest.raises(RequestError, match="must be an array"):
+        parse_enqueue({"name": "a", "options": {"after": 0}}, Limits())
+    with pytest.raises(RequestError, match="run_anyway needs after"):
+        parse_enqueue({"name": "a", "options": {"run_anyway": True}}, Limits())
+    members, callback = parse_batch(
+        {"jobs": [{"name": "a"}], "callback": {"name": "done", "payload": {"to": "x"}}}, Limits()
+    )
+    assert [m.name for m in members] == ["a"] and callback.name == "done"
+    with pytest.raises(RequestError, match="callback"):
+        parse_batch({"jobs": [{"name": "a"}]}, Limits())
+    with pytest.raises(RequestError, match="object or null"):
+        parse_batch({"jobs": [{"name": "a"}], "callback": {"name": "d", "payload": [1]}}, Limits())

@@ -137,6 +137,9 @@ def test_each_operation_names_the_access_and_roles_its_handler_declares() -> Non
     ops = {op["operationId"]: op for item in api._openapi["paths"].values() for op in item.values()}
     assert {k: v["x-pgfleet-roles"] for k, v in ops.items() if v["tags"] == ["jobs"]} == {
         "enqueue": ["operator", "producer"],
+        "enqueueBatch": ["operator", "producer"],
+        "getBatch": ["operator", "producer", "viewer"],
+        "jobDependencies": ["operator", "producer", "viewer"],
         "getJob": ["operator", "producer", "viewer"],
         "listJobs": ["operator", "viewer"],
         "cancelJob": ["operator"],
