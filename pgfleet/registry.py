@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pgfleet.backoff import RetryPolicy
 from pgfleet.errors import InvalidName, InvalidOptions
 from pgfleet.jobs import Job, validate_name
 from pgfleet.payloads import Decoder, decoder_for
@@ -26,6 +27,9 @@ class Handler:
     decode: Decoder
     timeout: float | None
     infallible: bool
+    #: The handler's own retry policy (None: the worker's backoff, the job's
+    #: max_attempts).
+    retry: RetryPolicy | None = None
 
     def call(self, job: Job, payload: Any) -> Any:
         if self.takes_payload:
@@ -59,12 +63,17 @@ class Registry:
         return fn
 
     def job(
-        self, name: str, *, timeout: float | None = None, infallible: bool = False
+        self,
+        name: str,
+        *,
+        timeout: float | None = None,
+        infallible: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`."""
 
         def decorate(fn: F) -> F:
-            self.register(name, fn, timeout=timeout, infallible=infallible)
+            self.register(name, fn, timeout=timeout, infallible=infallible, retry=retry)
             return fn
 
         return decorate
@@ -76,6 +85,7 @@ class Registry:
         *,
         timeout: float | None = None,
         infallible: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> Handler:
         """Register ``fn`` for job ``name``.
 
@@ -83,6 +93,8 @@ class Registry:
         ``infallible`` handlers absorb their own failures: an exception is logged
         and the job is still recorded as succeeded (for log-and-continue
         maintenance jobs whose next run comes from a schedule).
+        ``retry``: the handler's :class:`RetryPolicy` (which errors are retried, how
+        many attempts, which backoff), over the worker's defaults.
         """
         validate_name(name)
         if name in self._handlers:
@@ -93,6 +105,8 @@ class Registry:
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
         ):
             raise InvalidOptions(f"timeout for {name!r} must be a positive number of seconds")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidOptions(f"retry for {name!r} must be a pgfleet.RetryPolicy")
         takes_payload, annotation = _inspect(name, fn)
         handler = Handler(
             name=name,
@@ -103,6 +117,7 @@ class Registry:
             decode=decoder_for(annotation),
             timeout=None if timeout is None else float(timeout),
             infallible=infallible,
+            retry=retry,
         )
         self._handlers[name] = handler
         return handler

@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from pgfleet._runtime.due import DueTimes
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet.db.deadlines import BoundedPool, Held
@@ -76,6 +77,8 @@ class ClaimLoop:
         self.burst = False
         self._wake_event = asyncio.Event()
         self._wake_source = "start"
+        #: When the next scheduled job is due: the idle wait ends then.
+        self.due = DueTimes(names, queue_names, timeout=timeout)
         #: Health, for readiness: consecutive failed rounds, when the current round
         #: began (None between rounds), when the failures began.
         self._failures = 0
@@ -163,7 +166,7 @@ class ClaimLoop:
                         await self._wait(executor.held_wait(self._hold))
                         continue
                     if idle:
-                        await self._wait(self._poll)
+                        await self._wait(await self.due.idle_wait(held, self._poll))
                         idle = False
                         continue
                 self._wake_event.clear()
@@ -335,6 +338,7 @@ class ClaimLoop:
             delays=[o.delay for o in batch],
             errors=[o.error for o in batch],
             ran=[None if o.started is None else now - o.started for o in batch],
+            results=[o.result for o in batch],
             worker_id=self.worker_id,
             job_names=self._names,
             queue_names=self._queue_names,

@@ -8,6 +8,7 @@ with a path such as ``jobs[3].options.delay``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -350,3 +351,22 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
             raise _invalid("limit", f"must be an integer from 1 to {MAX_LIST_LIMIT}, got {raw!r}")
         limit = int(raw)
     return ListQuery(status, name, limit)
+
+
+#: The longest long poll of ``GET /jobs/{id}?wait=``, seconds.
+MAX_WAIT_SECONDS = 60
+
+
+def parse_wait_query(query: Mapping[str, str]) -> float | None:
+    """``?wait=`` of ``GET /jobs/{id}``: seconds to wait for the job to finish (a
+    number from 0 to MAX_WAIT_SECONDS), or None without it."""
+    raw = query.get("wait")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw) if raw.isascii() and raw.strip() == raw else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= MAX_WAIT_SECONDS:  # NaN fails too
+        raise _invalid("wait", f"must be a number of seconds from 0 to {MAX_WAIT_SECONDS}, got {raw!r}")
+    return seconds
