@@ -65,7 +65,9 @@ class RetryPolicy:
             or not isinstance(self.max_attempts, int)
             or not 1 <= self.max_attempts <= 1000
         ):
-            raise ValueError(f"max_attempts must be an integer from 1 to 1000, got {self.max_attempts!r}")
+            raise ValueError(
+                f"max_attempts must be an integer from 1 to 1000, got {self.max_attempts!r}"
+            )
         if self.backoff is not None and not callable(self.backoff):
             raise ValueError("backoff must be a callable taking the attempt number")
         for what in ("retry_on", "give_up_on"):
@@ -80,7 +82,9 @@ class RetryPolicy:
             or not isinstance(self.max_snoozes, int)
             or self.max_snoozes < 0
         ):
-            raise ValueError(f"max_snoozes must be a non-negative integer, got {self.max_snoozes!r}")
+            raise ValueError(
+                f"max_snoozes must be a non-negative integer, got {self.max_snoozes!r}"
+            )
 
     def gives_up(self, error: BaseException) -> bool:
         """True when ``error`` ends the job at once (rules 2 and 3)."""

@@ -89,7 +89,7 @@ class PayloadDecodeError(PermanentError):
     """A stored payload does not decode into the handler's annotated type."""
 
 
-class Snooze(Exception):  # noqa: N818  # a request, not an error: raise pgfleet.Snooze(90)
+class Snooze(Exception):  # a request, not an error: raise pgfleet.Snooze(90)
     """Raise from a handler to run the job again after ``delay`` seconds without
     using an attempt (the provider said "come back in 90 s"). The job's
     ``snoozes`` count grows by one; past its handler's ``max_snoozes`` (see

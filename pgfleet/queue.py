@@ -326,7 +326,9 @@ class Queue:
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
         ):
-            raise InvalidOptions(f"timeout must be a non-negative number of seconds, got {timeout!r}")
+            raise InvalidOptions(
+                f"timeout must be a non-negative number of seconds, got {timeout!r}"
+            )
         if self._waiters is None:
             self._waiters = Waiters(self._pool, self._store)
         return await self._waiters.wait(uid, timeout)

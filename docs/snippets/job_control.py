@@ -26,7 +26,10 @@ async def build_report(job: Job, payload: dict[str, int]) -> dict[str, int]:
     "call_provider",
     # Retry timeouts up to 5 attempts, 0.1 s apart; never retry a ValueError.
     retry=RetryPolicy(
-        max_attempts=5, backoff=lambda attempt: 0.1, retry_on=(TimeoutError,), give_up_on=(ValueError,)
+        max_attempts=5,
+        backoff=lambda attempt: 0.1,
+        retry_on=(TimeoutError,),
+        give_up_on=(ValueError,),
     ),
 )
 async def call_provider(job: Job) -> str:

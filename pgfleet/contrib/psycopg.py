@@ -55,6 +55,9 @@ from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 
 __all__ = ["AsyncProducer", "Producer"]
 
+#: Seconds between a producer's reads of a job it waits for.
+WAIT_POLL_INTERVAL = 0.2
+
 _GET = driver.translate_psycopg("get")
 _CANCEL = driver.translate_psycopg("cancel")
 
@@ -244,10 +247,6 @@ class AsyncProducer(_Producing):
                 assert job is not None
                 return job
             await asyncio.sleep(left)
-
-
-#: Seconds between a producer's reads of a job it waits for.
-WAIT_POLL_INTERVAL = 0.2
 
 
 def _check_wait(

@@ -443,7 +443,11 @@ def check_cancelled_by(by: str | None) -> str:
     """Who cancelled, checked: printable text up to 200 characters."""
     if by is None:
         return DEFAULT_CANCELLED_BY
-    if not isinstance(by, str) or not 1 <= len(by) <= MAX_CANCELLED_BY_LENGTH or not by.isprintable():
+    if (
+        not isinstance(by, str)
+        or not 1 <= len(by) <= MAX_CANCELLED_BY_LENGTH
+        or not by.isprintable()
+    ):
         raise InvalidOptions(
             f"by must be 1 to {MAX_CANCELLED_BY_LENGTH} printable characters, got {by!r}"
         )

@@ -368,5 +368,7 @@ def parse_wait_query(query: Mapping[str, str]) -> float | None:
     except ValueError:
         seconds = math.nan
     if not 0 <= seconds <= MAX_WAIT_SECONDS:  # NaN fails too
-        raise _invalid("wait", f"must be a number of seconds from 0 to {MAX_WAIT_SECONDS}, got {raw!r}")
+        raise _invalid(
+            "wait", f"must be a number of seconds from 0 to {MAX_WAIT_SECONDS}, got {raw!r}"
+        )
     return seconds

@@ -75,9 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="cancel a queued job, or ask the worker running a running one to stop it",
     )
     cancel.add_argument("id", help="the job id")
-    cancel.add_argument(
-        "--by", default="cli", help="who cancels, kept with the job (default: cli)"
-    )
+    cancel.add_argument("--by", default="cli", help="who cancels, kept with the job (default: cli)")
     retry = sub.add_parser(
         "retry", parents=[common], help="run a failed or cancelled job again, now"
     )
