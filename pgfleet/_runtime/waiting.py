@@ -22,12 +22,12 @@ log = logging.getLogger("pgfleet")
 
 #: Seconds between polls of the waited-for jobs' statuses (the fallback).
 WAIT_POLL_INTERVAL = 1.0
-#: How long the listener of a queue with no waiter left stays connected.
-IDLE_LINGER = 5.0
 
 
 class Waiters:
-    """The waiters of one queue: futures by job id, resolved with the finished job."""
+    """The waiters of one queue: futures by job id, resolved with the finished job.
+    The listener runs while anyone waits (its connection goes back to the pool
+    with the last waiter, so closing the pool never waits for it)."""
 
     def __init__(
         self,
@@ -50,7 +50,8 @@ class Waiters:
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.listener: Listener | None = None
-        #: Rounds that polled every waited-for job (for tests).
+        #: Rounds done, and those that polled every waited-for job (for tests).
+        self.rounds = 0
         self.polls = 0
 
     @property
@@ -110,17 +111,7 @@ class Waiters:
             # status check that follows their mark, and then by the polls.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(listener.connected.wait(), self.poll_interval)
-            idle_since: float | None = None
-            loop = asyncio.get_running_loop()
-            while True:
-                if not self._futures and not self._new:
-                    now = loop.time()
-                    if idle_since is None:
-                        idle_since = now
-                    elif now - idle_since >= IDLE_LINGER:
-                        return
-                else:
-                    idle_since = None
+            while self._futures or self._new:
                 polled = False
                 if not self._kick.is_set():
                     try:
@@ -130,12 +121,18 @@ class Waiters:
                 self._kick.clear()
                 try:
                     await self._round(polled)
+                    self.rounds += 1
                 except Exception as exc:
                     log.warning("waiting for jobs: %s; retrying at the next poll", exc)
                     await asyncio.sleep(self.poll_interval)
         finally:
             self.listener = None
             await listener.stop()
+            if self._futures or self._new:
+                # Someone started waiting while this one wound down.
+                self._task = asyncio.get_running_loop().create_task(
+                    self._run(), name="pgfleet-waiters"
+                )
 
     async def _round(self, polled: bool) -> None:
         new, self._new = self._new, set()

@@ -148,12 +148,14 @@ async def test_a_waiter_returns_by_polling_when_no_notification_comes(pool: asyn
     queue = Queue(pool)
     job_id = await queue.enqueue("nobody_serves_this", None)
     waiter = asyncio.ensure_future(queue.wait(job_id, timeout=30))
+    await asyncio.sleep(0)
     assert queue.waiters is not None
     queue.waiters.poll_interval = 0.1
-    # Finished behind pgfleet's back: no statement of it notifies.
-    await asyncio.sleep(0)
-    while not await pool.fetchval("SELECT awaited FROM pgfleet.jobs WHERE id = $1", job_id):
+    # Once the waiter has registered and found it unfinished, the job is finished
+    # behind pgfleet's back: no statement of it notifies.
+    while queue.waiters.rounds < 1:
         await asyncio.sleep(0.01)
+    assert await pool.fetchval("SELECT awaited FROM pgfleet.jobs WHERE id = $1", job_id)
     await pool.execute(
         "UPDATE pgfleet.jobs SET status = 'succeeded', finished_at = now() WHERE id = $1", job_id
     )
@@ -173,20 +175,21 @@ async def test_five_thousand_waiters_share_one_listening_connection(
 
     ids = await queue.enqueue_many([EnqueueRequest("echo", i) for i in range(5000)])
     waiters = [asyncio.ensure_future(queue.wait(i, timeout=120)) for i in ids]
+    await asyncio.sleep(0)
     assert queue.waiters is not None
     listener = None
     while listener is None or not listener.connected.is_set():
         await asyncio.sleep(0.01)
         listener = queue.waiters.listener
-    async with running_worker(pool, registry, WorkerConfig(concurrency=32, **FAST)):
-        jobs = await asyncio.gather(*waiters)
-    assert [j.result for j in jobs] == list(range(5000))
-    assert listener.connections == 1
     listening = await pool.fetchval(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
         "AND query LIKE 'LISTEN \"pgfleet_done\"%'"
     )
     assert listening == 1
+    async with running_worker(pool, registry, WorkerConfig(concurrency=32, **FAST)):
+        jobs = await asyncio.gather(*waiters)
+    assert [j.result for j in jobs] == list(range(5000))
+    assert listener.connections == 1
 
 
 # ------------------------------------------------------------------ snooze
