@@ -36,7 +36,7 @@ class DueTimes:
         if held is None or held.closed():
             return poll
         try:
-            async with asyncio.timeout(min(self._timeout, poll)):
+            async with asyncio.timeout(self._timeout):
                 due = await Store(held.conn).job_next_due(
                     job_names=self._names, queue_names=self._queue_names
                 )
