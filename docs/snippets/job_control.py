@@ -66,7 +66,7 @@ async def main() -> None:
             print(f"  attempt {error.attempt}: {error.error}")
 
         export_id = await queue.enqueue("export")
-        while (await queue.get(export_id)).status is not pgfleet.JobStatus.RUNNING:
+        while (await queue.statuses([export_id]))[export_id] is not pgfleet.JobStatus.RUNNING:
             await asyncio.sleep(0.05)
         await queue.cancel(export_id, by="ops")  # the running handler is told to stop
         stopped = await queue.wait(export_id, timeout=30)

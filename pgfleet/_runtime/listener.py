@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pgfleet.db import CHANNEL
@@ -37,7 +37,7 @@ class Listener:
         wake: Callable[[str], None],
         *,
         timeout: float = DEFAULT_DATABASE_TIMEOUT,
-        channels: dict[str, Callable[[str], None]] | None = None,
+        channels: Mapping[str, Callable[[str], None]] | None = None,
         jobs_channel: bool = True,
     ) -> None:
         self._pool = pool

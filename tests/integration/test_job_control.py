@@ -62,6 +62,7 @@ async def test_every_failed_attempts_error_is_kept_with_its_time_and_worker(
         f"RuntimeError: attempt {n} went wrong" for n in (1, 2, 3)
     ]
     assert all(e.worker_id == worker.id for e in job.errors)
+    assert job.finished_at is not None
     assert job.errors[0].at <= job.errors[1].at <= job.errors[2].at <= job.finished_at
     assert job.errors_omitted == 0 and job.last_error == job.errors[-1].error
 

@@ -98,7 +98,9 @@ async def _claim_plan(conn: asyncpg.Connection) -> dict[str, Any]:
         "PREPARE claim(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, int, "
         "uuid[], float8[], text[]) AS " + Q.job_complete_and_claim.sql
     )
-    args = "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16, 4, '{}', '{}', '{}'"
+    args = (
+        "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16, 4, '{}', '{}', '{}'"
+    )
     for _ in range(5):
         await conn.execute(f"BEGIN; EXECUTE claim({args}); ROLLBACK")
     raw = await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE claim({args})")
