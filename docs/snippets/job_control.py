@@ -58,7 +58,8 @@ async def main() -> None:
         running = asyncio.create_task(worker.run(shutdown=stop.wait()))
 
         report = await queue.wait(await queue.enqueue("build_report", {"customer": 7}), timeout=30)
-        print(f"report: {report.status.value}, result {report.result}")
+        rows, customer = report.result["rows"], report.result["customer"]
+        print(f"report: {report.status.value}, {rows} rows for customer {customer}")
 
         call = await queue.wait(await queue.enqueue("call_provider"), timeout=30)
         print(f"call: {call.status.value} on attempt {call.attempt} after {call.snoozes} snooze")

@@ -13,7 +13,7 @@ from typing import Any
 
 from pgfleet._runtime.listener import Listener
 from pgfleet.db import DONE_CHANNEL
-from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT
+from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, BoundedPool
 from pgfleet.db.store import Store
 from pgfleet.errors import JobNotFound
 from pgfleet.jobs import Job
@@ -37,7 +37,9 @@ class Waiters:
         poll_interval: float = WAIT_POLL_INTERVAL,
         timeout: float = DEFAULT_DATABASE_TIMEOUT,
     ) -> None:
-        self._pool = pool
+        # The listener holds a connection of the driver's pool itself (a bounded
+        # pool's acquire bounds a call, not a connection kept for long).
+        self._pool = pool.raw if isinstance(pool, BoundedPool) else pool
         self._store = store
         self.poll_interval = poll_interval
         self._timeout = timeout

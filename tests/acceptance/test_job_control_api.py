@@ -54,7 +54,7 @@ async def cancel_running_over_http(fleet: Fleet, http: aiohttp.ClientSession, *f
 
     await until(running, "the long job to run")
     asked = time.monotonic()
-    reply = await call(http, "POST", f"{api.url}/jobs/{job_id}/cancel")
+    reply = await call(http, "POST", f"{api.url}/jobs/{job_id}/cancel", json={})
     assert reply.status == 200 and reply.body["status"] == "running", reply.body
     assert reply.body["cancel_requested_at"] and reply.body["cancelled_by"] == "api:anonymous"
     done = await record(http, api.url, job_id, wait=30)

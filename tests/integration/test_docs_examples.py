@@ -176,7 +176,7 @@ def test_the_handler_tests_pass(database: str) -> None:
 
 def test_job_control(database: str) -> None:
     output = python("job_control.py", SNIPPETS, database)
-    assert "report: succeeded, result {'customer': 7, 'rows': 1200}" in output
+    assert "report: succeeded, 1200 rows for customer 7" in output
     assert "call: succeeded on attempt 3 after 1 snooze" in output
     assert "attempt 1: TimeoutError: the provider did not answer (attempt 1)" in output
     assert "export: cancelled, cleaning up" in output and "export: cancelled by ops" in output
