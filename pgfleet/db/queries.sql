@@ -477,6 +477,18 @@ WITH expired AS (
                  || ', which stopped heartbeating; the attempt was not counted'
             ELSE 'worker ' || o.locked_by::text || ' stopped heartbeating during attempt '
                  || j.attempt END,
+        -- A started attempt lost with its worker is a failed attempt of the history
+        -- (the last 10 kept, as the completion keeps them).
+        errors = CASE WHEN o.unstarted THEN j.errors
+                      ELSE (CASE WHEN jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                                 THEN j.errors - 0 ELSE COALESCE(j.errors, '[]') END)
+                           || jsonb_build_array(jsonb_build_object(
+                                'at', now(), 'attempt', j.attempt,
+                                'error', 'worker ' || o.locked_by::text
+                                         || ' stopped heartbeating during attempt ' || j.attempt,
+                                'worker', o.locked_by)) END,
+        errors_omitted = j.errors_omitted
+            + (NOT o.unstarted AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10)::integer,
         locked_by = NULL,
         lock_token = NULL
     FROM (SELECT o.id, o.locked_by,

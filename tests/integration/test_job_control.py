@@ -28,8 +28,10 @@ from pgfleet import (
     Registry,
     RetryPolicy,
     Snooze,
+    Worker,
     WorkerConfig,
 )
+from tests.helpers import put_in_state, register_worker
 from tests.integration.conftest import FAST, Recorder, running_worker
 
 #: Retries come back at once: the tests wait on outcomes, not on backoff.
@@ -460,3 +462,30 @@ async def test_delayed_jobs_start_on_time_with_the_default_poll_interval(
         f"p90 {quantiles[17]:.1f} p95 {quantiles[18]:.1f} max {late[-1]:.1f}"
     )
     assert statistics.median(late) < 50
+
+
+# ------------------------------------------------------------------ dead workers
+
+
+async def test_a_rescued_attempt_joins_the_history_and_a_cancelled_one_ends_cancelled(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    dead_worker = uuid.uuid4()
+    await register_worker(pool, dead_worker, alive=False)
+    lost = await queue.enqueue("record", {})
+    asked = await queue.enqueue("record", {})
+    for job_id in (lost, asked):
+        await put_in_state(pool, job_id, "running", worker_id=dead_worker, attempt=1)
+    await queue.cancel(asked, by="ops")
+    leader = Worker(pool, Registry(), WorkerConfig(**FAST))
+    await leader.heartbeat.run_once()
+    assert await leader.rescuer.rescue() == 2
+    requeued, cancelled = await queue.get(lost), await queue.get(asked)
+    assert requeued is not None and requeued.status is JobStatus.QUEUED
+    (entry,) = requeued.errors
+    assert entry.attempt == 1 and entry.worker_id == dead_worker
+    assert "stopped heartbeating during attempt 1" in entry.error
+    assert cancelled is not None and cancelled.status is JobStatus.CANCELLED
+    assert cancelled.cancelled_by == "ops" and cancelled.finished_at is not None
+    await leader.heartbeat.deregister()
