@@ -98,11 +98,17 @@ class ApiConfig:
     #: Per job name, the decoder of its handler's payload type (from ``--app``):
     #: payloads that cannot decode are refused with 422, nothing written.
     payload_decoders: Mapping[str, Callable[[Any], Any]] | None = None
+    #: The longest long poll of ``GET /jobs/{id}?wait=``, seconds (0: none).
+    max_wait: int = 60
 
     @property
     def limits(self) -> Limits:
         return Limits(
-            self.max_batch, self.max_payload_bytes, self.known_names, self.payload_decoders
+            self.max_batch,
+            self.max_payload_bytes,
+            self.known_names,
+            self.payload_decoders,
+            self.max_wait,
         )
 
 
@@ -336,7 +342,7 @@ class JobsApi:
     @requires(Access.READ_JOB)
     async def get_job(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
-        wait = parse_wait_query(request.query)
+        wait = parse_wait_query(request.query, self._limits.max_wait)
         job = await self.queue.get(job_id)
         if job is None:
             raise RequestError(404, f"no job with id {job_id}", {"id": job_id})

@@ -81,6 +81,8 @@ class Limits:
     #: Per job name, the handler's payload decoder: a payload it cannot decode is
     #: refused at the door instead of failing at the worker (None: no check).
     decoders: Mapping[str, Callable[[Any], Any]] | None = None
+    #: The longest long poll of ``GET /jobs/{id}?wait=`` (0: none).
+    max_wait: int = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -353,13 +355,9 @@ def parse_list_query(query: Mapping[str, str]) -> ListQuery:
     return ListQuery(status, name, limit)
 
 
-#: The longest long poll of ``GET /jobs/{id}?wait=``, seconds.
-MAX_WAIT_SECONDS = 60
-
-
-def parse_wait_query(query: Mapping[str, str]) -> float | None:
+def parse_wait_query(query: Mapping[str, str], max_wait: int) -> float | None:
     """``?wait=`` of ``GET /jobs/{id}``: seconds to wait for the job to finish (a
-    number from 0 to MAX_WAIT_SECONDS), or None without it."""
+    number from 0 to ``max_wait``), or None without it."""
     raw = query.get("wait")
     if raw is None:
         return None
@@ -367,8 +365,6 @@ def parse_wait_query(query: Mapping[str, str]) -> float | None:
         seconds = float(raw) if raw.isascii() and raw.strip() == raw else math.nan
     except ValueError:
         seconds = math.nan
-    if not 0 <= seconds <= MAX_WAIT_SECONDS:  # NaN fails too
-        raise _invalid(
-            "wait", f"must be a number of seconds from 0 to {MAX_WAIT_SECONDS}, got {raw!r}"
-        )
+    if not 0 <= seconds <= max_wait:  # NaN fails too
+        raise _invalid("wait", f"must be a number of seconds from 0 to {max_wait}, got {raw!r}")
     return seconds

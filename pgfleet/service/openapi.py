@@ -35,7 +35,6 @@ from pgfleet.service.api_schema import (
     JOB_FIELDS,
     LIST_PARAMS,
     MAX_LIST_LIMIT,
-    MAX_WAIT_SECONDS,
     OPTION_FIELDS,
     Limits,
 )
@@ -522,9 +521,9 @@ def _paths(limits: Limits) -> dict[str, Any]:
                         "name": "wait",
                         "in": "query",
                         "required": False,
-                        "schema": {"type": "number", "minimum": 0, "maximum": MAX_WAIT_SECONDS},
+                        "schema": {"type": "number", "minimum": 0, "maximum": limits.max_wait},
                         "description": "Long poll: answer once the job has finished, or "
-                        f"after this many seconds (at most {MAX_WAIT_SECONDS}).",
+                        f"after this many seconds (at most {limits.max_wait}, --max-wait).",
                     },
                 ],
             ),
