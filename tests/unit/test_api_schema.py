@@ -18,6 +18,7 @@ from pgfleet.service.api_schema import (
     parse_enqueue,
     parse_list_query,
     parse_rfc3339,
+    parse_wait_query,
 )
 from pgfleet.service.views import job_view
 
@@ -315,3 +316,13 @@ def test_job_view_is_flat_and_never_has_the_payload() -> None:
         assert "payload" not in view
         assert "s3cr3t" not in json.dumps(view)
         assert all(not isinstance(v, dict | list) for v in view.values())
+
+
+def test_the_long_poll_takes_seconds_up_to_its_limit() -> None:
+    assert parse_wait_query({}, 60) is None
+    assert parse_wait_query({"wait": "2.5"}, 60) == 2.5
+    assert parse_wait_query({"wait": "0"}, 0) == 0.0
+    for bad in ("61", "-1", "nan", "inf", " 1", "1e400", "abc", "٣"):
+        with pytest.raises(RequestError) as info:
+            parse_wait_query({"wait": bad}, 60)
+        assert info.value.status == 422 and "wait" in info.value.message
