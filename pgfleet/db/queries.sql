@@ -180,7 +180,7 @@ WITH target AS (
 ), told AS (
     SELECT pg_notify(CASE WHEN t.status = 'running' THEN 'pgfleet_cancel' ELSE 'pgfleet_done' END,
                      t.id::text)
-    FROM target t WHERE t.status = 'running' OR t.awaited
+    FROM target t WHERE t.status = 'running' OR t.awaited IS TRUE
 )
 SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 
@@ -188,7 +188,7 @@ SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 -- Someone waits for these jobs (Queue.wait): finishing them notifies the done
 -- channel. The caller reads their status afterwards, in a snapshot of its own.
 UPDATE pgfleet.jobs SET awaited = true
-WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running') AND NOT awaited;
+WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running') AND awaited IS NOT TRUE;
 
 -- name: job_get_many :many
 SELECT * FROM pgfleet.jobs WHERE id = ANY($1::uuid[]);
@@ -203,7 +203,7 @@ WHERE status = 'running' AND locked_by = $1 AND cancel_requested_at IS NOT NULL;
 -- The error history stays: it tells what the earlier runs met.
 UPDATE pgfleet.jobs
 SET status = 'queued', attempt = 0, run_at = now(), started_at = NULL, finished_at = NULL,
-    last_error = NULL, result = NULL, snoozes = 0, cancel_requested_at = NULL,
+    last_error = NULL, result = NULL, snoozes = NULL, cancel_requested_at = NULL,
     cancelled_by = NULL
 WHERE id = $1 AND status IN ('failed', 'cancelled')
 RETURNING *;
@@ -223,7 +223,7 @@ WITH target AS (
     WHERE id = $1 AND status IN ('queued', 'running')
     RETURNING *
 ), told AS (
-    SELECT pg_notify('pgfleet_done', t.id::text) FROM target t WHERE t.awaited
+    SELECT pg_notify('pgfleet_done', t.id::text) FROM target t WHERE t.awaited IS TRUE
 )
 SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 
@@ -234,7 +234,7 @@ WITH target AS (
     WHERE id = $1 AND status IN ('queued', 'running')
     RETURNING *
 ), told AS (
-    SELECT pg_notify('pgfleet_done', t.id::text) FROM target t WHERE t.awaited
+    SELECT pg_notify('pgfleet_done', t.id::text) FROM target t WHERE t.awaited IS TRUE
 )
 SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 
@@ -321,7 +321,7 @@ WITH outcome AS (
                       THEN now() + make_interval(secs => o.delay) ELSE j.run_at END,
         attempt = CASE WHEN o.action IN ('aborted', 'snooze') THEN greatest(j.attempt - 1, 0)
                        ELSE j.attempt END,
-        snoozes = j.snoozes + (o.action = 'snooze')::integer,
+        snoozes = CASE WHEN o.action = 'snooze' THEN COALESCE(j.snoozes, 0) + 1 ELSE j.snoozes END,
         last_error = COALESCE(o.error, j.last_error),
         -- Every failed attempt's error, oldest first: the last 10, and a count of
         -- the older ones dropped to make room.
@@ -331,8 +331,10 @@ WITH outcome AS (
                            || jsonb_build_array(jsonb_build_object(
                                 'at', now(), 'attempt', j.attempt, 'error', o.error,
                                 'worker', $6::uuid)) END,
-        errors_omitted = j.errors_omitted
-            + (o.error IS NOT NULL AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10)::integer,
+        errors_omitted = CASE WHEN o.error IS NOT NULL
+                                   AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                              THEN COALESCE(j.errors_omitted, 0) + 1
+                              ELSE j.errors_omitted END,
         result = CASE WHEN o.action = 'succeeded' THEN o.result::jsonb ELSE j.result END,
         -- Who cancelled stays only on a job that ended cancelled (a handler that
         -- succeeded before the cancel reached it keeps cancel_requested_at alone).
@@ -345,7 +347,7 @@ WITH outcome AS (
     WHERE j.id = o.id AND j.lock_token = o.token
     -- RETURNING sees the new row: status is the job's new status.
     RETURNING j.id, (j.queue_name IS NOT NULL OR (j.status = 'queued' AND j.run_at <= now())) AS frees,
-              j.awaited AND j.status <> 'queued' AS told
+              j.awaited IS TRUE AND j.status <> 'queued' AS told
 ), marked AS (
     -- Runs whether or not the query reads it (it modifies data). Most rounds mark
     -- nothing: the cardinality test is a one-time filter that then skips the scan
@@ -487,8 +489,10 @@ WITH expired AS (
                                 'error', 'worker ' || o.locked_by::text
                                          || ' stopped heartbeating during attempt ' || j.attempt,
                                 'worker', o.locked_by)) END,
-        errors_omitted = j.errors_omitted
-            + (NOT o.unstarted AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10)::integer,
+        errors_omitted = CASE WHEN NOT o.unstarted
+                                   AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                              THEN COALESCE(j.errors_omitted, 0) + 1
+                              ELSE j.errors_omitted END,
         locked_by = NULL,
         lock_token = NULL
     FROM (SELECT o.id, o.locked_by,

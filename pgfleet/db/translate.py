@@ -164,8 +164,8 @@ def job_from_record(r: Record) -> Job:
         trace_context=_json_text(r["trace_context"]),
         result=decode_payload(r["result"]),
         errors=attempt_errors(r["errors"]),
-        errors_omitted=r["errors_omitted"],
-        snoozes=r["snoozes"],
+        errors_omitted=r["errors_omitted"] or 0,
+        snoozes=r["snoozes"] or 0,
         cancel_requested_at=r["cancel_requested_at"],
         cancelled_by=r["cancelled_by"],
     )
@@ -263,7 +263,7 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
         job = make_job(
             id_, name, payload, running, attempt, max_attempts, priority, queue_name,
             job_key, stamps[run_at], stamps[created_at], stamps[started_at], None,
-            last_error, worker_id, token, trace, None, (), 0, snoozes, None, None,
+            last_error, worker_id, token, trace, None, (), 0, snoozes or 0, None, None,
         )  # fmt: skip
         if held:
             ahead.append((priority, run_at, id_, job))

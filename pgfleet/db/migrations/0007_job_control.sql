@@ -14,15 +14,18 @@
 --                 the pgfleet_done channel with its id. Jobs nobody waits for
 --                 finish without a notification.
 --
--- Nullable columns, and NOT NULL ones with constant defaults: catalog changes
--- only, no table rewrite, on a table full of jobs; each takes the jobs table's
--- ACCESS EXCLUSIVE lock for that moment only.
+-- Every column is nullable without a default, NULL meaning none (0 for the
+-- counts, false for awaited): a catalog change only, no table rewrite on a table
+-- full of jobs (the ACCESS EXCLUSIVE lock is held for that moment only), and a job
+-- that uses none of it is stored exactly as wide as before (a NULL costs a bit of
+-- the row's null bitmap, which it already has), so the claim and completion
+-- write no more than they did.
 
 ALTER TABLE pgfleet.jobs
     ADD COLUMN errors              jsonb,
-    ADD COLUMN errors_omitted      integer NOT NULL DEFAULT 0,
+    ADD COLUMN errors_omitted      integer,
     ADD COLUMN result              jsonb,
-    ADD COLUMN snoozes             integer NOT NULL DEFAULT 0,
+    ADD COLUMN snoozes             integer,
     ADD COLUMN cancel_requested_at timestamptz,
     ADD COLUMN cancelled_by        text,
-    ADD COLUMN awaited             boolean NOT NULL DEFAULT false;
+    ADD COLUMN awaited             boolean;
