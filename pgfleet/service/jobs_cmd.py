@@ -124,7 +124,8 @@ async def _run(args: argparse.Namespace) -> int:
         pool = await create_pool(
             args.dsn,
             min_size=1,
-            max_size=1,
+            # A wait listens on a connection of its own besides the one reading.
+            max_size=2 if getattr(args, "wait", None) else 1,
             timeout=CONNECT_TIMEOUT,
             pgbouncer=bool(getattr(args, "pgbouncer", False)),
         )
