@@ -5,8 +5,15 @@ Delivery is at-least-once: make handlers idempotent (see the documentation: Deli
 
 from pgfleet._runtime.outcomes import RunStats
 from pgfleet._version import __version__ as __version__
+from pgfleet.backoff import RetryPolicy
 from pgfleet.config import WorkerConfig
-from pgfleet.context import current_job, is_shutting_down, shutdown_requested, worker_started_at
+from pgfleet.context import (
+    cancel_requested,
+    current_job,
+    is_shutting_down,
+    shutdown_requested,
+    worker_started_at,
+)
 from pgfleet.cron import CronJob, DailySchedule, MonthlySchedule, Weekday
 from pgfleet.db.migrate import Migration, migrate, migration_script, migrations
 from pgfleet.errors import (
@@ -25,11 +32,13 @@ from pgfleet.errors import (
     PermanentError,
     PgfleetError,
     SchemaNotReady,
+    Snooze,
     UnknownJobName,
     ValidationError,
 )
 from pgfleet.events import WorkerEvents
 from pgfleet.jobs import (
+    AttemptError,
     BatchProgress,
     EnqueueOptions,
     EnqueueRequest,
@@ -44,6 +53,7 @@ from pgfleet.registry import Registry
 from pgfleet.worker import Worker
 
 __all__ = [
+    "AttemptError",
     "BatchProgress",
     "CronJob",
     "DailySchedule",
@@ -72,8 +82,10 @@ __all__ = [
     "Queue",
     "Registry",
     "Relative",
+    "RetryPolicy",
     "RunStats",
     "SchemaNotReady",
+    "Snooze",
     "UnknownJobName",
     "ValidationError",
     "Weekday",
@@ -82,6 +94,7 @@ __all__ = [
     "WorkerEvents",
     "WorkerInfo",
     "__version__",
+    "cancel_requested",
     "create_pool",
     "current_job",
     "is_shutting_down",

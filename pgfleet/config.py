@@ -65,6 +65,10 @@ class WorkerConfig:
     #: Time running handlers get to finish at shutdown before they are cancelled
     #: and their jobs requeued.
     shutdown_grace_period: float | timedelta = 30.0
+    #: After someone cancels a running job (``Queue.cancel``), how long its async
+    #: handler gets to stop on its own (``pgfleet.cancel_requested()`` is true)
+    #: before it is cancelled. Sync handlers cannot be interrupted: they poll.
+    cancel_grace_period: float | timedelta = 0.5
     #: How often a worker renews its lease (and so every lock it holds).
     heartbeat_interval: float | timedelta = 5.0
     #: A worker whose heartbeat is older than this is dead: its jobs are recovered.
@@ -120,6 +124,7 @@ class WorkerConfig:
         for name in (
             "poll_interval",
             "shutdown_grace_period",
+            "cancel_grace_period",
             "heartbeat_interval",
             "dead_worker_timeout",
             "prune_interval",
@@ -337,6 +342,12 @@ WORKER_OPTIONS: tuple[ConfigOption, ...] = (
         "--shutdown-grace-period",
         "SHUTDOWN_GRACE_PERIOD",
         "seconds handlers get to finish at shutdown",
+    ),
+    ConfigOption(
+        "cancel_grace_period",
+        "--cancel-grace-period",
+        "CANCEL_GRACE_PERIOD",
+        "seconds a cancelled running async handler gets to stop on its own",
     ),
     ConfigOption(
         "default_timeout",

@@ -13,9 +13,10 @@ import asyncio
 import contextvars
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
+from uuid import UUID
 
 from pgfleet.jobs import Job
 
@@ -27,6 +28,9 @@ class WorkerState:
     started_at: datetime
     shutting_down: threading.Event
     shutdown_future: asyncio.Future[None]
+    #: Ids of the running jobs someone asked to cancel (read from handler
+    #: threads too: set membership needs no lock).
+    cancelled: set[UUID] = field(default_factory=set)
 
 
 _worker: contextvars.ContextVar[WorkerState | None] = contextvars.ContextVar(
@@ -59,6 +63,18 @@ def worker_started_at() -> datetime | None:
 def current_job() -> Job | None:
     """The job whose handler is running in this context, if any."""
     return _job.get()
+
+
+def cancel_requested() -> bool:
+    """True once someone asked to cancel the current job (``Queue.cancel`` on a
+    running job). An async handler is cancelled after the worker's
+    ``cancel_grace_period``; a sync handler should poll this and stop. Once it is
+    true, whatever the handler returns or raises ends the job cancelled."""
+    state = _worker.get()
+    if state is None or not state.cancelled:
+        return False
+    job = _job.get()
+    return job is not None and job.id in state.cancelled
 
 
 def enter_job(state: WorkerState, job: Job) -> None:

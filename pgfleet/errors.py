@@ -92,3 +92,21 @@ class PermanentError(Exception):
 
 class PayloadDecodeError(PermanentError):
     """A stored payload does not decode into the handler's annotated type."""
+
+
+class Snooze(Exception):  # a request, not an error: raise pgfleet.Snooze(90)
+    """Raise from a handler to run the job again after ``delay`` seconds without
+    using an attempt (the provider said "come back in 90 s"). The job's
+    ``snoozes`` count grows by one; past its handler's ``max_snoozes`` (see
+    :class:`pgfleet.RetryPolicy`) the job fails instead."""
+
+    def __init__(self, delay: float) -> None:
+        seconds = delay.total_seconds() if hasattr(delay, "total_seconds") else delay
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds <= 100 * 365.25 * 86400
+        ):
+            raise ValueError(f"Snooze delay must be 0 to 100 years of seconds, got {delay!r}")
+        super().__init__(f"snoozed for {float(seconds):g}s")
+        self.delay = float(seconds)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pgfleet.jobs import Job
 
 #: Outcomes of a job attempt as ``job_finished`` reports them.
-OUTCOMES = ("succeeded", "retried", "failed", "aborted", "cancelled")
+OUTCOMES = ("succeeded", "retried", "snoozed", "failed", "aborted", "cancelled")
 
 #: Why a claim loop woke up.
 WAKE_SOURCES = ("notify", "poll", "completion", "reconnect", "start")
@@ -30,7 +30,9 @@ class WorkerEvents:
     def job_finished(self, job: Job, outcome: str, duration: float) -> None:
         """An attempt's outcome was written. ``outcome`` is one of OUTCOMES:
         ``cancelled`` means the job was taken away while running (rescued,
-        completed or failed by an operator) and the handler's outcome was discarded;
+        completed or failed by an operator) and the handler's outcome was discarded,
+        or someone cancelled it while it ran; ``snoozed`` that the handler asked
+        to run again later without using an attempt;
         ``aborted`` means it was stopped at shutdown and requeued."""
 
     def wakeup(self, source: str) -> None:

@@ -7,7 +7,7 @@ import math
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -17,6 +17,8 @@ NAME_PATTERN = re.compile(r"[A-Za-z0-9_.:\-]{1,128}")
 MAX_JOB_KEY_LENGTH = 512
 MAX_ATTEMPTS_LIMIT = 1000
 PRIORITY_MIN, PRIORITY_MAX = -32768, 32767
+#: Jobs due within this many seconds wake the workers when enqueued.
+SOON = 60.0
 #: Delays beyond this are refused as absurd (about 100 years).
 MAX_DELAY_SECONDS = 100 * 365.25 * 86400
 #: Parents one job may wait on (a batch's callback waits on its members: no limit).
@@ -236,8 +238,15 @@ class EnqueueOptions:
 
     @property
     def runs_now(self) -> bool:
-        """True unless the job is explicitly scheduled for later."""
-        return self.run_at is None and not self.delay_seconds and not self.after
+        """True unless the job waits for parents (their completion makes it due) or
+        is scheduled more than ``SOON`` seconds ahead: the enqueue wakes the workers,
+        which then learn when it is due and start it on time (a job due later is
+        found by their idle checks)."""
+        if self.after:
+            return False
+        if self.run_at is None:
+            return self.delay_seconds <= SOON
+        return (self.run_at - datetime.now(UTC)).total_seconds() <= SOON
 
 
 def _is_int(value: object) -> bool:
@@ -293,6 +302,25 @@ class Relative:
 
 
 @dataclass(frozen=True, slots=True)
+class AttemptError:
+    """One failed attempt of a job, as :attr:`Job.errors` keeps it."""
+
+    #: When the attempt failed (database clock).
+    at: datetime
+    #: Which attempt (1 is the first).
+    attempt: int
+    #: ``Type: message`` of what the handler raised (or why the attempt failed).
+    error: str
+    #: The worker that ran the attempt.
+    worker_id: UUID | None
+
+
+#: How many failed attempts a job keeps in :attr:`Job.errors` (the last ones; the
+#: count of older ones is :attr:`Job.errors_omitted`). Fixed by the completion SQL.
+MAX_KEPT_ERRORS = 10
+
+
+@dataclass(frozen=True, slots=True)
 class Job:
     """A job as stored: what handlers receive and what :meth:`Queue.get` returns."""
 
@@ -316,6 +344,18 @@ class Job:
     #: The W3C trace context of the enqueue (JSON text), when a tracer was on: the
     #: worker's span continues that trace.
     trace_context: str | None = field(default=None, repr=False, compare=False)
+    #: What the handler returned (JSON values), once the job succeeded.
+    result: Any = None
+    #: The failed attempts' errors, oldest first: the last ``MAX_KEPT_ERRORS``.
+    errors: tuple[AttemptError, ...] = ()
+    #: How many older failed attempts no longer fit in ``errors``.
+    errors_omitted: int = 0
+    #: How many times the handler snoozed (``raise pgfleet.Snooze(delay)``).
+    snoozes: int = 0
+    #: When someone asked to cancel the job while it ran, and who
+    #: (:meth:`Queue.cancel`); ``cancelled_by`` stays on the cancelled job.
+    cancel_requested_at: datetime | None = None
+    cancelled_by: str | None = None
 
     @property
     def is_last_attempt(self) -> bool:

@@ -114,6 +114,27 @@ def encode_payload(payload: Any, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> 
     return text
 
 
+#: Largest handler result stored with a job (encoded JSON, UTF-8 bytes): results
+#: ride in the completion round and every read of the job.
+MAX_RESULT_BYTES = 256 * 1024
+
+
+def encode_result(value: Any, max_bytes: int = MAX_RESULT_BYTES) -> str:
+    """A handler's return value as JSON text for the job's ``result``, or
+    PayloadError saying why it cannot be stored."""
+    try:
+        text = _encode_checked(value)
+    except PayloadError as exc:
+        raise PayloadError(str(exc).replace("payload", "result", 1)) from None
+    if len(text) * 4 > max_bytes:
+        size = len(text.encode("utf-8"))
+        if size > max_bytes:
+            raise PayloadTooLarge(
+                f"result is {size} bytes encoded, over the limit of {max_bytes} bytes"
+            )
+    return text
+
+
 def encode_payload_array(payloads: list[Any], max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """Encode many payloads as one JSON array text, each checked as encode_payload
     would: one C-level call for the common batch instead of one per payload."""

@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 from uuid import UUID
 
 from pgfleet._runtime import tracing
+from pgfleet._runtime.waiting import Waiters
 from pgfleet.db.connect import create_pool as create_pool  # public: pgfleet.create_pool
 from pgfleet.db.deadlines import AppPool
 from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Batch, Enqueuer, as_job_id
@@ -125,6 +126,7 @@ class Queue:
         self._pool = pool
         self._store = Store(pool)
         self._waker = _Waker(self._store)
+        self._waiters: Waiters | None = None
         #: Called with (name, count) after jobs commit through this queue (metrics hook).
         self.on_enqueued: Callable[[str, int], None] | None = None
 
@@ -352,10 +354,40 @@ class Queue:
 
     # ------------------------------------------------------------ management
 
-    async def cancel(self, job_id: UUID | str) -> Job:
-        """Cancel a queued job. A running job is not interrupted: refused with
-        :class:`InvalidJobState`, as are finished jobs."""
-        return await self._store.cancel(job_id)
+    async def cancel(self, job_id: UUID | str, *, by: str | None = None) -> Job:
+        """Cancel a job. A queued one ends ``cancelled`` at once. A running one is
+        asked to stop: the worker holding it is told, its handler sees
+        :func:`pgfleet.cancel_requested` and (async) is cancelled after the
+        worker's ``cancel_grace_period``; the job returned is still ``running``,
+        with ``cancel_requested_at`` set, and ends ``cancelled`` (or
+        ``succeeded``, if its handler finished first: never both; never retried).
+        ``by`` names who cancelled (``cancelled_by``; default ``application``).
+        Finished jobs are refused with :class:`InvalidJobState`."""
+        return await self._store.cancel(job_id, by)
+
+    async def wait(self, job_id: UUID | str, *, timeout: float | None = None) -> Job:
+        """Wait until the job has finished (succeeded, failed or cancelled) and
+        return it, its ``result`` and ``errors`` included. Raises
+        :class:`TimeoutError` after ``timeout`` seconds (None: no limit) and
+        :class:`JobNotFound` when there is no such job.
+
+        Every waiter of this queue shares one LISTEN connection (held while anyone
+        waits); a poll every second covers lost notifications."""
+        uid = self._require_uuid(job_id)
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+        ):
+            raise InvalidOptions(
+                f"timeout must be a non-negative number of seconds, got {timeout!r}"
+            )
+        if self._waiters is None:
+            self._waiters = Waiters(self._pool, self._store)
+        return await self._waiters.wait(uid, timeout)
+
+    @property
+    def waiters(self) -> Waiters | None:
+        """The shared state of this queue's waiters (None before the first wait)."""
+        return self._waiters
 
     async def retry(self, job_id: UUID | str) -> Job:
         """Run a failed or cancelled job again now, with fresh attempts."""

@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from pgfleet.backoff import RetryPolicy
 from pgfleet.errors import InvalidName, InvalidOptions
 from pgfleet.jobs import Job, validate_name
 from pgfleet.limits import LimitSpec
@@ -30,6 +31,9 @@ class Handler:
     #: Flow-control limits declared in code: written to the database by each
     #: worker at start when no operator value exists (an operator's value wins).
     limits: LimitSpec | None = None
+    #: The handler's own retry policy (None: the worker's backoff, the job's
+    #: max_attempts).
+    retry: RetryPolicy | None = None
 
     def call(self, job: Job, payload: Any) -> Any:
         if self.takes_payload:
@@ -72,6 +76,7 @@ class Registry:
         rate: int | None = None,
         per: float = 1.0,
         per_key: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> Callable[[F], F]:
         """Decorator form of :meth:`register`."""
 
@@ -85,6 +90,7 @@ class Registry:
                 rate=rate,
                 per=per,
                 per_key=per_key,
+                retry=retry,
             )
             return fn
 
@@ -101,6 +107,7 @@ class Registry:
         rate: int | None = None,
         per: float = 1.0,
         per_key: bool = False,
+        retry: RetryPolicy | None = None,
     ) -> Handler:
         """Register ``fn`` for job ``name``.
 
@@ -112,6 +119,9 @@ class Registry:
         default flow-control limits (see :meth:`pgfleet.Queue.set_limits`): every
         worker writes them before its first claim unless an operator has set the
         name's limits, which win.
+
+        ``retry``: the handler's :class:`RetryPolicy` (which errors are retried, how
+        many attempts, which backoff), over the worker's defaults.
         """
         validate_name(name)
         limits = None
@@ -127,6 +137,8 @@ class Registry:
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0
         ):
             raise InvalidOptions(f"timeout for {name!r} must be a positive number of seconds")
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise InvalidOptions(f"retry for {name!r} must be a pgfleet.RetryPolicy")
         takes_payload, annotation = _inspect(name, fn)
         handler = Handler(
             name=name,
@@ -138,6 +150,7 @@ class Registry:
             timeout=None if timeout is None else float(timeout),
             infallible=infallible,
             limits=limits,
+            retry=retry,
         )
         self._handlers[name] = handler
         return handler

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pgfleet import context
+from pgfleet._runtime.cancelling import CancelWatcher
 from pgfleet._runtime.claimer import ClaimLoop
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.flow import write_code_limits
@@ -22,6 +23,7 @@ from pgfleet._runtime.services import Heartbeat, Identity, Periodic
 from pgfleet.config import WorkerConfig as WorkerConfig
 from pgfleet.cron import CronJob  # still importable from here
 from pgfleet.cron.runner import CronService
+from pgfleet.db import CANCEL_CHANNEL
 from pgfleet.db.deadlines import AppPool, bounded
 from pgfleet.db.migrate import check_schema
 from pgfleet.db.store import Store
@@ -142,6 +144,7 @@ class Worker:
             prefetch=cfg.prefetch,
             prefetch_window=cfg.seconds("prefetch_window"),
         )
+        self._cancels = CancelWatcher(self._executor, grace=cfg.seconds("cancel_grace_period"))
         self._claims = ClaimLoop(
             self.id,
             pool,
@@ -165,6 +168,7 @@ class Worker:
             lead=cfg.lead,
             events=self._events,
             on_leader=self._on_leader,
+            on_cancels=self._cancels_heard,
         )
         # The leader's chores take turns: together they hold one connection.
         turn = asyncio.Lock()
@@ -202,11 +206,14 @@ class Worker:
         #: The listener's own connection (listen_dsn), closed when the worker stops.
         self._listen_pool: LazyPool | None = None
         self._listener: Listener | None = None
+        channels = {CANCEL_CHANNEL: self._cancels.on_notification}
         if cfg.listen and cfg.listen_dsn is not None:
             self._listen_pool = LazyPool(cfg.listen_dsn)
-            self._listener = Listener(self._listen_pool, self._wake, timeout=self._timeout)
+            self._listener = Listener(
+                self._listen_pool, self._wake, timeout=self._timeout, channels=channels
+            )
         elif cfg.listen and not cfg.pgbouncer:
-            self._listener = Listener(pool, self._wake, timeout=self._timeout)
+            self._listener = Listener(pool, self._wake, timeout=self._timeout, channels=channels)
 
     # ------------------------------------------------------------ public
 
@@ -277,6 +284,14 @@ class Worker:
 
     def _heartbeat_leads(self) -> bool:
         return self._heartbeat.is_leader
+
+    def _cancels_heard(self, ids: list[uuid.UUID]) -> None:
+        self._cancels.request_many(ids)
+
+    @property
+    def cancel_watcher(self) -> CancelWatcher:
+        """Acts on cancels of the running jobs this worker holds."""
+        return self._cancels
 
     @property
     def heartbeat(self) -> Heartbeat:

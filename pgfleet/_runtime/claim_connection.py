@@ -28,6 +28,7 @@ class ClaimStore(Protocol):
         delays: Sequence[float],
         errors: Sequence[str | None],
         ran: Sequence[float | None],
+        results: Sequence[str | None],
         worker_id: uuid.UUID,
         job_names: Sequence[str],
         queue_names: Sequence[str] | None,

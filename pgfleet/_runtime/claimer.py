@@ -19,6 +19,7 @@ from typing import Any
 from pgfleet._runtime import claim_planner as planner
 from pgfleet._runtime.claim_connection import ClaimConnection, ClaimStore
 from pgfleet._runtime.claim_planner import LoopState, Step, Turn
+from pgfleet._runtime.due import DueTimes
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet.db.deadlines import BoundedPool
@@ -105,6 +106,8 @@ class ClaimLoop:
         self._pace: float | None = None
         self._wake_event = asyncio.Event()
         self._wake_source = "start"
+        #: When the next scheduled job is due: the idle wait ends then.
+        self.due = DueTimes(names, queue_names, timeout=timeout)
         #: Health, for readiness: consecutive failed rounds, when the current round
         #: began (None between rounds), when the failures began.
         self._failures = 0
@@ -197,7 +200,11 @@ class ClaimLoop:
                     await self._wait(turn.wake_within)
                     continue
                 if turn.step is Step.POLL:
-                    await self._wait(turn.wake_within)
+                    assert turn.wake_within is not None
+                    # Until the next scheduled job is due, at most the poll interval.
+                    await self._wait(
+                        await self.due.idle_wait(self.connection.held, turn.wake_within)
+                    )
                     idle = False
                     continue
                 batch, rows = await self._send_round(turn, deferred)
@@ -361,6 +368,7 @@ class ClaimLoop:
             delays=[o.delay for o in batch],
             errors=[o.error for o in batch],
             ran=[None if o.started is None else now - o.started for o in batch],
+            results=[o.result for o in batch],
             worker_id=self.worker_id,
             job_names=self._names,
             queue_names=self._queue_names,

@@ -10,6 +10,7 @@ import concurrent.futures
 import contextvars
 import functools
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -18,11 +19,11 @@ from typing import Any
 from pgfleet import context
 from pgfleet._runtime import tracing
 from pgfleet._runtime.outcomes import Outcome
-from pgfleet.backoff import retry_delay
-from pgfleet.errors import PermanentError
+from pgfleet.backoff import DEFAULT_MAX_SNOOZES, RetryPolicy, retry_delay
+from pgfleet.errors import PayloadError, PermanentError, Snooze
 from pgfleet.events import WorkerEvents
-from pgfleet.jobs import Job
-from pgfleet.payloads import describe_error
+from pgfleet.jobs import MAX_DELAY_SECONDS, Job
+from pgfleet.payloads import describe_error, encode_result, storable_text
 from pgfleet.registry import Handler, Registry
 
 log = logging.getLogger("pgfleet")
@@ -98,6 +99,11 @@ class JobRunner:
         self.running: dict[uuid.UUID, asyncio.Task[Outcome]] = {}
         self._threads: concurrent.futures.ThreadPoolExecutor | None = None
         self.state: context.WorkerState | None = None
+        #: Jobs whose handler task the cancel watcher cancelled (after their
+        #: cancel grace period): their CancelledError ends them cancelled.
+        self.cancelling: set[uuid.UUID] = set()
+        #: Jobs whose sync handler is running in a thread (cannot be cancelled).
+        self.in_threads: set[uuid.UUID] = set()
 
     @property
     def free(self) -> int:
@@ -243,6 +249,10 @@ class JobRunner:
             self._held_since.pop(job.id, None)  # cancelled before its first step
         if self._unmarked:
             self._unmarked.discard(job.id)  # its outcome says more than a mark
+        state = self.state
+        if state is not None and state.cancelled:
+            state.cancelled.discard(job.id)
+            self.cancelling.discard(job.id)
         outcome = Outcome.aborted(job) if task.cancelled() else task.result()
         if outcome.action != "aborted":
             mean = self._mean_duration
@@ -307,6 +317,13 @@ class JobRunner:
                 # the task first ran (the one right after the launch, as a rule)
                 # would mark a job that a no-op handler finishes before the next.
                 self._unmarked.add(job.id)
+            if self.state.cancelled and job.id in self.state.cancelled:
+                # Cancelled while held ahead: it never starts.
+                log.info("job cancelled before it started: %s %s", job.name, job.id)
+                outcome = Outcome(job, "cancelled", "cancelled", 0.0)
+                if claimed is not None:
+                    outcome.started = start
+                return outcome
             self.events.job_started(job, pickup)
             outcome = await self._attempt(handler, job, start, tracer, timeout, deadline)
             if claimed is not None:
@@ -330,31 +347,59 @@ class JobRunner:
         """Run the handler; its deadline cancels it when its timeout passes. A
         TimeoutError the handler raises itself is its own error, not its timeout."""
         error: BaseException | None = None
+        snooze: Snooze | None = None
         timed_out = False
+        value: Any = None
         try:
             payload = handler.decode(job.payload) if handler.takes_payload else None
             with tracing.NO_SPAN if tracer is None else tracing.span(tracer, job):
                 try:
                     if handler.is_async:
-                        await handler.call(job, payload)
+                        value = await handler.call(job, payload)
                     else:
-                        await self._run_in_thread(handler, job, payload)
+                        value = await self._run_in_thread(handler, job, payload)
                 finally:
                     timed_out = deadline is not None and deadline.fired
         except asyncio.CancelledError:
-            if not timed_out:
+            if not timed_out and job.id not in self.cancelling:
                 log.info("job aborted at shutdown and requeued: %s %s", job.name, job.id)
                 return Outcome.aborted(job, time.perf_counter() - start)
             task = asyncio.current_task()
             if task is not None:
                 task.uncancel()
-            error = TimeoutError()
+            error = asyncio.CancelledError() if not timed_out else TimeoutError()
+        except Snooze as exc:
+            snooze = exc
         except Exception as exc:
             error = exc
         duration = time.perf_counter() - start
-        if error is None:
-            log.info("job succeeded: %s %s in %.1f ms", job.name, job.id, duration * 1000)
-            return Outcome(job, "succeeded", "succeeded", duration)
+        state = self.state
+        if state is not None and state.cancelled and job.id in state.cancelled:
+            # Cancelled while it ran: whatever it returned or raised, the job ends
+            # cancelled (a cancel that reaches the worker after the handler
+            # returned finds it succeeded).
+            log.info("job cancelled while running: %s %s", job.name, job.id)
+            return Outcome(job, "cancelled", "cancelled", duration)
+        if error is None and snooze is None:
+            return _succeeded(job, value, duration)
+        policy = handler.retry
+        if snooze is not None:
+            return _snoozed(job, snooze, policy, duration)
+        assert error is not None
+        return self._failed(handler, job, error, timed_out, timeout, duration)
+
+    def _failed(
+        self,
+        handler: Handler,
+        job: Job,
+        error: BaseException,
+        timed_out: bool,
+        timeout: float | None,
+        duration: float,
+    ) -> Outcome:
+        """The outcome of a handler that raised ``error`` (or timed out): retried,
+        or failed for good, as the job's attempts and the handler's policy say."""
+        policy = handler.retry
         if timed_out:
             message = f"TimeoutError: handler ran longer than its timeout of {timeout}s"
         else:
@@ -368,32 +413,51 @@ class JobRunner:
                 exc_info=error,
             )
             return Outcome(job, "succeeded", "succeeded", duration)
-        if isinstance(error, PermanentError) or job.attempt >= job.max_attempts:
+        limit = job.max_attempts if policy is None else policy.attempts(job.max_attempts)
+        if (
+            isinstance(error, PermanentError)
+            or (policy is not None and policy.gives_up(error))
+            or job.attempt >= limit
+        ):
             log.error(
                 "job failed permanently: %s %s attempt %d/%d: %s",
                 job.name,
                 job.id,
                 job.attempt,
-                job.max_attempts,
+                limit,
                 message,
                 exc_info=error,
             )
             return Outcome(job, "failed", "failed", duration, error=message)
-        base, cap, jitter = self._backoff
-        delay = retry_delay(job.attempt, base=base, cap=cap, jitter=jitter)
+        delay = self._retry_delay(policy, job)
         log.warning(
             "job failed and will retry: %s %s attempt %d/%d in %.1fs: %s",
             job.name,
             job.id,
             job.attempt,
-            job.max_attempts,
+            limit,
             delay,
             message,
             exc_info=error,
         )
         return Outcome(job, "retry", "retried", duration, delay=delay, error=message)
 
-    async def _run_in_thread(self, handler: Handler, job: Job, payload: Any) -> None:
+    def _retry_delay(self, policy: RetryPolicy | None, job: Job) -> float:
+        if policy is not None and policy.backoff is not None:
+            try:
+                delay = float(policy.backoff(job.attempt))
+                if math.isfinite(delay) and 0 <= delay <= MAX_DELAY_SECONDS:
+                    return delay
+                raise ValueError(f"{delay!r} is not a delay in seconds")
+            except Exception:
+                log.exception(
+                    "the retry policy's backoff of %s failed; the worker's backoff applies",
+                    job.name,
+                )
+        base, cap, jitter = self._backoff
+        return retry_delay(job.attempt, base=base, cap=cap, jitter=jitter)
+
+    async def _run_in_thread(self, handler: Handler, job: Job, payload: Any) -> Any:
         """Run a sync handler in the worker's threads."""
         if self._threads is None:
             self._threads = concurrent.futures.ThreadPoolExecutor(
@@ -403,4 +467,47 @@ class JobRunner:
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._threads, ctx.run, handler.call, job, payload)
         # The thread cannot be stopped: on timeout or shutdown its result is ignored.
-        await future
+        self.in_threads.add(job.id)
+        try:
+            return await future
+        finally:
+            self.in_threads.discard(job.id)
+
+
+def _succeeded(job: Job, value: Any, duration: float) -> Outcome:
+    """The outcome of a handler that returned ``value``: succeeded with it as the
+    result, or failed permanently when it cannot be stored."""
+    result = None
+    if value is not None:
+        try:
+            result = encode_result(value)
+        except PayloadError as exc:
+            message = storable_text(
+                f"ResultError: handler {job.name!r} returned a value that cannot be "
+                f"stored as the job's result (retrying cannot fix it): {exc}"
+            )[:MAX_ERROR_LENGTH]
+            log.error("job failed permanently: %s %s: %s", job.name, job.id, message)
+            return Outcome(job, "failed", "failed", duration, error=message)
+    log.info("job succeeded: %s %s in %.1f ms", job.name, job.id, duration * 1000)
+    return Outcome(job, "succeeded", "succeeded", duration, result=result)
+
+
+def _snoozed(job: Job, snooze: Snooze, policy: RetryPolicy | None, duration: float) -> Outcome:
+    """The outcome of a handler that raised :class:`Snooze`: back in line after its
+    delay without using an attempt, or failed once it snoozed its limit."""
+    cap = DEFAULT_MAX_SNOOZES if policy is None else policy.max_snoozes
+    if job.snoozes < cap:
+        log.info(
+            "job snoozed: %s %s for %.1fs (snooze %d)",
+            job.name,
+            job.id,
+            snooze.delay,
+            job.snoozes + 1,
+        )
+        return Outcome(job, "snooze", "snoozed", duration, delay=snooze.delay)
+    message = (
+        f"Snooze: the {job.name!r} handler snoozed {job.snoozes} times, its limit "
+        f"(RetryPolicy.max_snoozes={cap}); failed instead of snoozing again"
+    )
+    log.error("job failed permanently: %s %s: %s", job.name, job.id, message)
+    return Outcome(job, "failed", "failed", duration, error=message)

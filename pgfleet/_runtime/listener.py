@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pgfleet.db import CHANNEL
@@ -26,11 +26,27 @@ KEEPALIVE_TIMEOUT = 10.0
 
 
 class Listener:
+    """``wake(source)`` on each notification of the jobs channel and after every
+    reconnect; ``channels`` maps further channels to a callback of each payload
+    (the jobs channel's own callback, given there, replaces the wake). Without
+    ``jobs_channel`` it listens to ``channels`` only."""
+
     def __init__(
-        self, pool: Any, wake: Callable[[str], None], *, timeout: float = DEFAULT_DATABASE_TIMEOUT
+        self,
+        pool: Any,
+        wake: Callable[[str], None],
+        *,
+        timeout: float = DEFAULT_DATABASE_TIMEOUT,
+        channels: Mapping[str, Callable[[str], None]] | None = None,
+        jobs_channel: bool = True,
     ) -> None:
         self._pool = pool
         self._wake = wake
+        self._channels: dict[str, Callable[..., None]] = (
+            {CHANNEL: self._on_notification} if jobs_channel else {}
+        )
+        for channel, callback in (channels or {}).items():
+            self._channels[channel] = _payload_of(callback)
         self._timeout = timeout
         self.connected = asyncio.Event()
         self.connections = 0
@@ -90,7 +106,8 @@ class Listener:
             conn.add_termination_listener(lambda _c: lost.set())
             self.backend_pid = conn.get_server_pid()
             async with asyncio.timeout(self._timeout):
-                await conn.add_listener(CHANNEL, self._on_notification)
+                for channel, callback in self._channels.items():
+                    await conn.add_listener(channel, callback)
             self.connections += 1
             self.connected.set()
             for callback in self.on_connect:
@@ -143,9 +160,24 @@ class Listener:
             return
         try:
             async with asyncio.timeout(min(self._timeout, 5.0)):
-                await held.conn.remove_listener(CHANNEL, self._on_notification)
+                for channel, callback in self._channels.items():
+                    await held.conn.remove_listener(channel, callback)
         except BaseException:
             held.drop()
             return
         with contextlib.suppress(Exception):
             await held.release(self._pool, min(self._timeout, 5.0))
+
+
+def _payload_of(callback: Callable[[str], None]) -> Callable[..., None]:
+    """An asyncpg listener callback (connection, pid, channel, payload) that hands
+    ``callback`` the payload; an exception in it is logged, never raised into the
+    driver."""
+
+    def on_notification(_conn: Any, _pid: int, channel: str, payload: str) -> None:
+        try:
+            callback(payload)
+        except Exception:
+            log.exception("handling a notification on %s failed", channel)
+
+    return on_notification

@@ -9,14 +9,17 @@ from pgfleet.jobs import Job
 
 #: What the database does with an attempt (the ``action`` column of the claim
 #: round's outcome list): the job succeeded, failed for good, is retried later, or is handed
-#: back at shutdown without its attempt counted.
-ACTIONS = ("succeeded", "failed", "retry", "aborted")
+#: back at shutdown without its attempt counted; snoozed (back later, its attempt
+#: not counted) or cancelled (someone asked while it ran).
+ACTIONS = ("succeeded", "failed", "retry", "aborted", "snooze", "cancelled")
 
 
 class Outcome:
     """A finished attempt waiting to be written by the next claim round."""
 
-    __slots__ = ("action", "delay", "duration", "error", "job", "label", "resent", "started")
+    __slots__ = (
+        "action", "delay", "duration", "error", "job", "label", "resent", "result", "started",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -26,8 +29,11 @@ class Outcome:
         duration: float,
         delay: float = 0.0,
         error: str | None = None,
+        result: str | None = None,
     ) -> None:
         self.job = job
+        #: A succeeded handler's return value as JSON text (None: it returned None).
+        self.result = result
         #: What the database does: one of ACTIONS.
         self.action = action
         #: What the events report: succeeded / retried / failed / aborted, or
@@ -62,6 +68,7 @@ class RunStats:
     claimed: int = 0
     succeeded: int = 0
     retried: int = 0
+    snoozed: int = 0
     failed: int = 0
     aborted: int = 0
     #: Claimed ahead of a free slot and handed back unstarted (see ``prefetch``).

@@ -138,10 +138,14 @@ class Heartbeat(Periodic):
         lead: bool,
         events: WorkerEvents,
         on_leader: Callable[[bool], None],
+        on_cancels: Callable[[list[UUID]], None] | None = None,
     ) -> None:
         super().__init__(interval)
         self._store = Store(pool)
         self._identity = identity
+        #: Given the running jobs of this worker someone asked to cancel, after
+        #: each beat: the fallback of lost cancel notifications.
+        self._on_cancels = on_cancels
         self._lease = lease
         self._lead = lead
         self.events = events
@@ -178,6 +182,10 @@ class Heartbeat(Periodic):
             log.info("worker %s %s the fleet leadership", i.id, "took" if leader else "lost")
             self.events.leader_changed(leader)
             self._on_leader(leader)
+        if self._on_cancels is not None:
+            cancels = await self._store.job_cancels_of_worker(worker_id=i.id)
+            if cancels:
+                self._on_cancels(cancels)
 
     async def deregister(self) -> None:
         await self._store.worker_deregister(worker_id=self._identity.id)

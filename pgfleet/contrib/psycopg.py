@@ -19,13 +19,18 @@ workers when the caller's transaction commits (on an autocommit connection, when
 the statement does). Wakeups ride inside that transaction. Needs the ``psycopg``
 extra (psycopg 3.2 or later).
 
-Waiting for a job's result is not here yet: it arrives with ``Queue.wait`` (job
-results), as a plan both producers run.
+``wait`` returns a job once it has finished (its ``result`` and ``errors``
+included) by reading it on the given connection every ``poll_interval`` seconds,
+outside any transaction of the caller's (each read sees the latest commit). Many
+waiters in one asyncio process are cheaper through :meth:`pgfleet.Queue.wait`,
+which shares one LISTEN connection between them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import time
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any
@@ -44,11 +49,14 @@ from pgfleet.db.plans import (
     get_steps,
     notify_statement,
 )
-from pgfleet.errors import InvalidOptions
+from pgfleet.errors import InvalidOptions, JobNotFound
 from pgfleet.jobs import EnqueueOptions, EnqueueRequest, Job, NotifyMode
 from pgfleet.payloads import DEFAULT_MAX_PAYLOAD_BYTES
 
 __all__ = ["AsyncProducer", "Producer"]
+
+#: Seconds between a producer's reads of a job it waits for.
+WAIT_POLL_INTERVAL = 0.2
 
 _GET = driver.translate_psycopg("get")
 _CANCEL = driver.translate_psycopg("cancel")
@@ -150,9 +158,31 @@ class Producer(_Producing):
         """The job with that id, or None."""
         return driver.run(connection, get_steps(job_id), _GET)
 
-    def cancel(self, connection: psycopg.Connection[Any], job_id: UUID | str) -> Job:
-        """Cancel a queued job, as :meth:`pgfleet.Queue.cancel` does."""
-        return driver.run(connection, cancel_steps(job_id), _CANCEL)
+    def cancel(
+        self, connection: psycopg.Connection[Any], job_id: UUID | str, *, by: str | None = None
+    ) -> Job:
+        """Cancel a queued job, or ask a running one to stop, as
+        :meth:`pgfleet.Queue.cancel` does."""
+        return driver.run(connection, cancel_steps(job_id, by), _CANCEL)
+
+    def wait(
+        self,
+        connection: psycopg.Connection[Any],
+        job_id: UUID | str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = WAIT_POLL_INTERVAL,
+    ) -> Job:
+        """Block until the job has finished and return it; :class:`TimeoutError`
+        after ``timeout`` seconds, :class:`pgfleet.JobNotFound` without such a job."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = driver.run(connection, get_steps(job_id), _GET)
+            left = _check_wait(job, job_id, deadline, poll_interval)
+            if left is None:
+                assert job is not None
+                return job
+            time.sleep(left)
 
 
 class AsyncProducer(_Producing):
@@ -195,5 +225,42 @@ class AsyncProducer(_Producing):
     async def get(self, connection: psycopg.AsyncConnection[Any], job_id: UUID | str) -> Job | None:
         return await driver.arun(connection, get_steps(job_id), _GET)
 
-    async def cancel(self, connection: psycopg.AsyncConnection[Any], job_id: UUID | str) -> Job:
-        return await driver.arun(connection, cancel_steps(job_id), _CANCEL)
+    async def cancel(
+        self, connection: psycopg.AsyncConnection[Any], job_id: UUID | str, *, by: str | None = None
+    ) -> Job:
+        return await driver.arun(connection, cancel_steps(job_id, by), _CANCEL)
+
+    async def wait(
+        self,
+        connection: psycopg.AsyncConnection[Any],
+        job_id: UUID | str,
+        *,
+        timeout: float | None = None,
+        poll_interval: float = WAIT_POLL_INTERVAL,
+    ) -> Job:
+        """The finished job (see :meth:`Producer.wait`)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            job = await driver.arun(connection, get_steps(job_id), _GET)
+            left = _check_wait(job, job_id, deadline, poll_interval)
+            if left is None:
+                assert job is not None
+                return job
+            await asyncio.sleep(left)
+
+
+def _check_wait(
+    job: Job | None, job_id: UUID | str, deadline: float | None, poll_interval: float
+) -> float | None:
+    """None when ``job`` has finished, else how long to sleep before the next read;
+    raises when there is no such job or the deadline has passed."""
+    if job is None:
+        raise JobNotFound(job_id)
+    if job.status.finished:
+        return None
+    if deadline is None:
+        return poll_interval
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError(f"job {job.id} has not finished (it is {job.status.value})")
+    return min(poll_interval, left)

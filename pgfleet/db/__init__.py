@@ -2,7 +2,14 @@
 
 from pgfleet.db.queries import Q, Query
 
-#: The one notification channel; notifications carry an empty payload.
+#: Wakes workers: jobs to claim. Empty payloads (due now), or seconds since the
+#: epoch when the jobs announced are scheduled for later.
 CHANNEL = "pgfleet_jobs"
+#: Tells the worker holding a running job that someone asked to cancel it
+#: (payload: the job id).
+CANCEL_CHANNEL = "pgfleet_cancel"
+#: Finished jobs someone waits for (Queue.wait): comma-separated ids, or '' (look
+#: them all up).
+DONE_CHANNEL = "pgfleet_done"
 
-__all__ = ["CHANNEL", "Q", "Query"]
+__all__ = ["CANCEL_CHANNEL", "CHANNEL", "DONE_CHANNEL", "Q", "Query"]

@@ -608,17 +608,40 @@ def get_steps(job_id: UUID | str) -> Steps[Job | None]:
     return None if row is None else job_from_record(row)
 
 
-def cancel_steps(job_id: UUID | str) -> Steps[Job]:
-    """Cancel a queued job; refused (:class:`InvalidJobState`) for a running or
-    finished one, :class:`JobNotFound` when there is none."""
+#: Who cancelled, when the caller does not say.
+DEFAULT_CANCELLED_BY = "application"
+MAX_CANCELLED_BY_LENGTH = 200
+
+
+def cancel_steps(job_id: UUID | str, by: str | None = None) -> Steps[Job]:
+    """Cancel a queued job, or ask the worker running a running one to stop (the
+    job returned is then still running, its ``cancel_requested_at`` set); refused
+    (:class:`InvalidJobState`) for a finished one, :class:`JobNotFound` when there
+    is none. ``by`` says who cancelled (kept as the job's ``cancelled_by``)."""
     uid = as_job_id(job_id)
     if uid is None:
         raise JobNotFound(job_id)
-    row = yield Statement(Q.job_cancel, (uid,))
+    who = check_cancelled_by(by)
+    row = yield Statement(Q.job_cancel, (uid, who))
     if row is not None:
         return job_from_record(row)
-    yield from refusal_steps(uid, "cancel", ("queued", "waiting"))
+    yield from refusal_steps(uid, "cancel", ("queued", "waiting", "running"))
     raise AssertionError("unreachable")  # pragma: no cover - refusal_steps raises
+
+
+def check_cancelled_by(by: str | None) -> str:
+    """Who cancelled, checked: printable text up to 200 characters."""
+    if by is None:
+        return DEFAULT_CANCELLED_BY
+    if (
+        not isinstance(by, str)
+        or not 1 <= len(by) <= MAX_CANCELLED_BY_LENGTH
+        or not by.isprintable()
+    ):
+        raise InvalidOptions(
+            f"by must be 1 to {MAX_CANCELLED_BY_LENGTH} printable characters, got {by!r}"
+        )
+    return by
 
 
 def refusal_steps(uid: UUID, operation: str, allowed: tuple[str, ...]) -> Steps[None]:

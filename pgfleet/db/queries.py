@@ -100,6 +100,9 @@ class Queries(QueryFile):
     job_count_queued: Query
     job_count_queued_by_names: Query
     job_cancel: Query
+    job_await: Query
+    job_get_many: Query
+    job_cancels_of_worker: Query
     job_retry: Query
     job_reschedule: Query
     job_permanently_fail: Query
@@ -128,6 +131,7 @@ class Queries(QueryFile):
     claim_transaction_begin: Query
     claim_transaction_commit: Query
     claim_transaction_rollback: Query
+    job_next_due: Query
     job_release_unknown: Query
     queue_stats: Query
     workers_alive: Query

@@ -188,15 +188,49 @@ FROM unnest($1::text[]) AS k(name);
 -- ---------------------------------------------------------------- management
 
 -- name: job_cancel :one
--- A waiting job (one with parents) can be cancelled too: its own children follow.
-UPDATE pgfleet.jobs SET status = 'cancelled', finished_at = now()
-WHERE id = $1 AND status IN ('queued', 'waiting')
-RETURNING *;
+-- A queued or waiting job (one with parents; its own children follow) ends
+-- cancelled at once. A running one keeps running: the request is recorded (the
+-- first one's time and who asked, $2) and its worker told on the cancel channel
+-- (its heartbeat finds the request when the notification is lost); its worker's
+-- outcome then ends it cancelled, unless the handler succeeded first.
+WITH target AS (
+    UPDATE pgfleet.jobs
+    SET status = CASE WHEN status IN ('queued', 'waiting') THEN 'cancelled'
+                      ELSE status END::pgfleet.job_status,
+        finished_at = CASE WHEN status IN ('queued', 'waiting') THEN now() END,
+        cancel_requested_at = CASE WHEN status = 'running'
+                                   THEN COALESCE(cancel_requested_at, now()) END,
+        cancelled_by = COALESCE(cancelled_by, $2::text)
+    WHERE id = $1 AND status IN ('queued', 'waiting', 'running')
+    RETURNING *
+), told AS (
+    SELECT pg_notify(CASE WHEN t.status = 'running' THEN 'pgfleet_cancel' ELSE 'pgfleet_done' END,
+                     t.id::text)
+    FROM target t WHERE t.status = 'running' OR t.awaited IS TRUE
+)
+SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
+
+-- name: job_await :exec
+-- Someone waits for these jobs (Queue.wait): finishing them notifies the done
+-- channel. The caller reads their status afterwards, in a snapshot of its own.
+UPDATE pgfleet.jobs SET awaited = true
+WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running') AND awaited IS NOT TRUE;
+
+-- name: job_get_many :many
+SELECT * FROM pgfleet.jobs WHERE id = ANY($1::uuid[]);
+
+-- name: job_cancels_of_worker :many
+-- The running jobs of worker $1 someone asked to cancel: the heartbeat's check,
+-- for cancel notifications that were lost.
+SELECT id FROM pgfleet.jobs
+WHERE status = 'running' AND locked_by = $1 AND cancel_requested_at IS NOT NULL;
 
 -- name: job_retry :one
+-- The error history stays: it tells what the earlier runs met.
 UPDATE pgfleet.jobs
 SET status = 'queued', attempt = 0, run_at = now(), started_at = NULL, finished_at = NULL,
-    last_error = NULL
+    last_error = NULL, result = NULL, snoozes = NULL, cancel_requested_at = NULL,
+    cancelled_by = NULL
 WHERE id = $1 AND status IN ('failed', 'cancelled')
 RETURNING *;
 
@@ -208,16 +242,27 @@ RETURNING *, run_at <= now() AS due;
 
 -- name: job_permanently_fail :one
 -- Releases the lock of a running job: its handler's eventual outcome is discarded.
-UPDATE pgfleet.jobs
-SET status = 'failed', finished_at = now(), last_error = $2, locked_by = NULL, lock_token = NULL
-WHERE id = $1 AND status IN ('queued', 'running')
-RETURNING *;
+WITH target AS (
+    UPDATE pgfleet.jobs
+    SET status = 'failed', finished_at = now(), last_error = $2, locked_by = NULL,
+        lock_token = NULL
+    WHERE id = $1 AND status IN ('queued', 'running')
+    RETURNING *
+), told AS (
+    SELECT pg_notify('pgfleet_done', t.id::text) FROM target t WHERE t.awaited IS TRUE
+)
+SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 
 -- name: job_complete :one
-UPDATE pgfleet.jobs
-SET status = 'succeeded', finished_at = now(), locked_by = NULL, lock_token = NULL
-WHERE id = $1 AND status IN ('queued', 'running')
-RETURNING *;
+WITH target AS (
+    UPDATE pgfleet.jobs
+    SET status = 'succeeded', finished_at = now(), locked_by = NULL, lock_token = NULL
+    WHERE id = $1 AND status IN ('queued', 'running')
+    RETURNING *
+), told AS (
+    SELECT pg_notify('pgfleet_done', t.id::text) FROM target t WHERE t.awaited IS TRUE
+)
+SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 
 -- name: job_prune_finished :val
 -- One bounded batch of finished jobs older than the cutoff.
@@ -438,7 +483,7 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 -- The claim loop's one round trip: write the outcomes of finished handlers (only
 -- where the claim's lock token still matches: a rescued or operator-released job
 -- keeps its new state; $12: seconds since the handler started, for a held job that
--- no round marked started), mark started the held jobs ($11) the worker started
+-- no round marked started; $13: a succeeded handler's result, JSON text), mark started the held jobs ($11) the worker started
 -- since its last round, and claim up to $9 due jobs this worker serves, in priority then
 -- run_at order, at most one per named queue and only when that queue has no
 -- running job. The first $10 claimed start now; the rest are held ahead (prefetch)
@@ -447,27 +492,54 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 -- false) and the claimed jobs.
 WITH outcome AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $12::float8[])
-        AS o(id, token, action, delay, error, ran)
+                         $12::float8[], $13::text[])
+        AS o(id, token, action, delay, error, ran, result)
 ), done AS (
+    -- A job someone asked to cancel while it ran (cancel_requested_at) ends
+    -- cancelled unless its handler succeeded: never retried, snoozed or requeued.
     UPDATE pgfleet.jobs j
-    SET status = CASE o.action WHEN 'succeeded' THEN 'succeeded'
-                             WHEN 'failed' THEN 'failed'
-                             ELSE 'queued' END::pgfleet.job_status,
-        finished_at = CASE WHEN o.action IN ('succeeded', 'failed') THEN now() END,
+    SET status = CASE WHEN o.action = 'succeeded' THEN 'succeeded'
+                      WHEN o.action = 'cancelled' OR j.cancel_requested_at IS NOT NULL
+                           THEN 'cancelled'
+                      WHEN o.action = 'failed' THEN 'failed'
+                      ELSE 'queued' END::pgfleet.job_status,
+        finished_at = CASE WHEN o.action IN ('succeeded', 'failed', 'cancelled')
+                                OR j.cancel_requested_at IS NOT NULL THEN now() END,
         -- An aborted attempt is not counted and the job keeps its run_at: it goes
-        -- back to its place in line (and a cron job keeps its occurrence).
-        run_at = CASE o.action WHEN 'retry' THEN now() + make_interval(secs => o.delay)
-                             ELSE j.run_at END,
-        attempt = CASE WHEN o.action = 'aborted' THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
+        -- back to its place in line (and a cron job keeps its occurrence). A
+        -- snoozed one is not counted either, and runs again after its delay.
+        run_at = CASE WHEN o.action IN ('retry', 'snooze')
+                      THEN now() + make_interval(secs => o.delay) ELSE j.run_at END,
+        attempt = CASE WHEN o.action IN ('aborted', 'snooze') THEN greatest(j.attempt - 1, 0)
+                       ELSE j.attempt END,
+        snoozes = CASE WHEN o.action = 'snooze' THEN COALESCE(j.snoozes, 0) + 1 ELSE j.snoozes END,
         last_error = COALESCE(o.error, j.last_error),
+        -- Every failed attempt's error, oldest first: the last 10, and a count of
+        -- the older ones dropped to make room.
+        errors = CASE WHEN o.error IS NULL THEN j.errors
+                      ELSE (CASE WHEN jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                                 THEN j.errors - 0 ELSE COALESCE(j.errors, '[]') END)
+                           || jsonb_build_array(jsonb_build_object(
+                                'at', now(), 'attempt', j.attempt, 'error', o.error,
+                                'worker', $6::uuid)) END,
+        errors_omitted = CASE WHEN o.error IS NOT NULL
+                                   AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                              THEN COALESCE(j.errors_omitted, 0) + 1
+                              ELSE j.errors_omitted END,
+        result = CASE WHEN o.action = 'succeeded' THEN o.result::jsonb ELSE j.result END,
+        -- Who cancelled stays only on a job that ended cancelled (a handler that
+        -- succeeded before the cancel reached it keeps cancel_requested_at alone).
+        cancelled_by = CASE WHEN o.action = 'succeeded' THEN NULL ELSE j.cancelled_by END,
         -- Started from the hold and finished before any round marked it.
         started_at = COALESCE(j.started_at, now() - make_interval(secs => o.ran)),
         locked_by = NULL,
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
-    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted' OR j.limited) AS frees
+    -- RETURNING sees the new row: status is the job's new status.
+    RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited
+                     OR (j.status = 'queued' AND j.run_at <= now())) AS frees,
+              j.awaited IS TRUE AND j.status <> 'queued' AS told
 ), marked AS (
     -- Runs whether or not the query reads it (it modifies data). Most rounds mark
     -- nothing: the cardinality test is a one-time filter that then skips the scan
@@ -479,6 +551,12 @@ WITH outcome AS (
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
     SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
+), tell AS (
+    -- The finished jobs someone waits for (Queue.wait), in one notification: their
+    -- ids, or '' (look them all up) when they would not fit in one payload.
+    SELECT pg_notify('pgfleet_done', CASE WHEN count(*) <= 200
+                                          THEN string_agg(id::text, ',') ELSE '' END)
+    FROM done WHERE told HAVING count(*) > 0
 ), gate AS MATERIALIZED (
     -- Flow control (0006), in two probes of (usually empty) indexes: whether any
     -- of this worker's names has a limit or flagged queued jobs (then claim_flow
@@ -558,13 +636,13 @@ SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::
        NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
        NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
        NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
-       NULL::text AS trace_context
-FROM done d CROSS JOIN (SELECT count(*) FROM wake) w
+       NULL::text AS trace_context, NULL::integer AS snoozes
+FROM done d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
 UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
-       c.lock_token, c.trace_context::text
+       c.lock_token, c.trace_context::text, c.snoozes
 FROM claimed c
 UNION ALL
 -- The pace of this worker's rate-limited names with due jobs (seconds, in run_at):
@@ -573,7 +651,7 @@ UNION ALL
 -- instead of the poll interval. (This statement's snapshot does not see this
 -- round's starts: a window this round filled shows up in the next round.)
 SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       min(w.wait), NULL, NULL, NULL, NULL, NULL
+       min(w.wait), NULL, NULL, NULL, NULL, NULL, NULL
 FROM (
     SELECT CASE WHEN NOT l.per_key AND st.n >= l.rate
                 THEN greatest(extract(epoch FROM st.oldest + make_interval(secs => l.per)
@@ -594,14 +672,14 @@ HAVING count(*) > 0
 UNION ALL
 -- Flow control is in play for this worker: the next round is a full one too.
 SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE (SELECT g.flow FROM gate g)
 UNION ALL
 SELECT true, f.started_at IS NULL, f.id, f.name, f.payload::text, f.attempt, f.max_attempts,
        f.priority, f.queue_name, f.job_key, date_part('epoch', f.run_at),
        date_part('epoch', f.created_at), date_part('epoch', COALESCE(f.started_at, now())),
        f.last_error,
-       f.lock_token, f.trace_context::text
+       f.lock_token, f.trace_context::text, f.snoozes
 FROM flow f;
 
 -- name: job_complete_and_claim_lean :many
@@ -614,27 +692,54 @@ FROM flow f;
 -- The claim loop's one round trip: write the outcomes of finished handlers (only
 WITH outcome AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $12::float8[])
-        AS o(id, token, action, delay, error, ran)
+                         $12::float8[], $13::text[])
+        AS o(id, token, action, delay, error, ran, result)
 ), done AS (
+    -- A job someone asked to cancel while it ran (cancel_requested_at) ends
+    -- cancelled unless its handler succeeded: never retried, snoozed or requeued.
     UPDATE pgfleet.jobs j
-    SET status = CASE o.action WHEN 'succeeded' THEN 'succeeded'
-                             WHEN 'failed' THEN 'failed'
-                             ELSE 'queued' END::pgfleet.job_status,
-        finished_at = CASE WHEN o.action IN ('succeeded', 'failed') THEN now() END,
+    SET status = CASE WHEN o.action = 'succeeded' THEN 'succeeded'
+                      WHEN o.action = 'cancelled' OR j.cancel_requested_at IS NOT NULL
+                           THEN 'cancelled'
+                      WHEN o.action = 'failed' THEN 'failed'
+                      ELSE 'queued' END::pgfleet.job_status,
+        finished_at = CASE WHEN o.action IN ('succeeded', 'failed', 'cancelled')
+                                OR j.cancel_requested_at IS NOT NULL THEN now() END,
         -- An aborted attempt is not counted and the job keeps its run_at: it goes
-        -- back to its place in line (and a cron job keeps its occurrence).
-        run_at = CASE o.action WHEN 'retry' THEN now() + make_interval(secs => o.delay)
-                             ELSE j.run_at END,
-        attempt = CASE WHEN o.action = 'aborted' THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
+        -- back to its place in line (and a cron job keeps its occurrence). A
+        -- snoozed one is not counted either, and runs again after its delay.
+        run_at = CASE WHEN o.action IN ('retry', 'snooze')
+                      THEN now() + make_interval(secs => o.delay) ELSE j.run_at END,
+        attempt = CASE WHEN o.action IN ('aborted', 'snooze') THEN greatest(j.attempt - 1, 0)
+                       ELSE j.attempt END,
+        snoozes = CASE WHEN o.action = 'snooze' THEN COALESCE(j.snoozes, 0) + 1 ELSE j.snoozes END,
         last_error = COALESCE(o.error, j.last_error),
+        -- Every failed attempt's error, oldest first: the last 10, and a count of
+        -- the older ones dropped to make room.
+        errors = CASE WHEN o.error IS NULL THEN j.errors
+                      ELSE (CASE WHEN jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                                 THEN j.errors - 0 ELSE COALESCE(j.errors, '[]') END)
+                           || jsonb_build_array(jsonb_build_object(
+                                'at', now(), 'attempt', j.attempt, 'error', o.error,
+                                'worker', $6::uuid)) END,
+        errors_omitted = CASE WHEN o.error IS NOT NULL
+                                   AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                              THEN COALESCE(j.errors_omitted, 0) + 1
+                              ELSE j.errors_omitted END,
+        result = CASE WHEN o.action = 'succeeded' THEN o.result::jsonb ELSE j.result END,
+        -- Who cancelled stays only on a job that ended cancelled (a handler that
+        -- succeeded before the cancel reached it keeps cancel_requested_at alone).
+        cancelled_by = CASE WHEN o.action = 'succeeded' THEN NULL ELSE j.cancelled_by END,
         -- Started from the hold and finished before any round marked it.
         started_at = COALESCE(j.started_at, now() - make_interval(secs => o.ran)),
         locked_by = NULL,
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
-    RETURNING j.id, (j.queue_name IS NOT NULL OR o.action = 'aborted' OR j.limited) AS frees
+    -- RETURNING sees the new row: status is the job's new status.
+    RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited
+                     OR (j.status = 'queued' AND j.run_at <= now())) AS frees,
+              j.awaited IS TRUE AND j.status <> 'queued' AS told
 ), marked AS (
     -- Runs whether or not the query reads it (it modifies data). Most rounds mark
     -- nothing: the cardinality test is a one-time filter that then skips the scan
@@ -646,6 +751,12 @@ WITH outcome AS (
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
     SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
+), tell AS (
+    -- The finished jobs someone waits for (Queue.wait), in one notification: their
+    -- ids, or '' (look them all up) when they would not fit in one payload.
+    SELECT pg_notify('pgfleet_done', CASE WHEN count(*) <= 200
+                                          THEN string_agg(id::text, ',') ELSE '' END)
+    FROM done WHERE told HAVING count(*) > 0
 ), pick AS MATERIALIZED (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
@@ -688,17 +799,17 @@ SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::
        NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
        NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
        NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
-       NULL::text AS trace_context
-FROM done d CROSS JOIN (SELECT count(*) FROM wake) w
+       NULL::text AS trace_context, NULL::integer AS snoozes
+FROM done d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
 UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
-       c.lock_token, c.trace_context::text
+       c.lock_token, c.trace_context::text, c.snoozes
 FROM claimed c
 UNION ALL
 SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
    OR EXISTS (SELECT 1 FROM pgfleet.jobs k
               WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]));
@@ -752,17 +863,35 @@ WITH expired AS (
     -- in line, its attempt not counted and never buried. Once only in a row: held
     -- twice by workers that died, it is counted like a started one, so a job that
     -- kills its worker at once from the hold is still buried in the end.
+    -- A job someone asked to cancel ends cancelled.
     UPDATE pgfleet.jobs j
-    SET status = CASE WHEN NOT o.unstarted AND j.attempt >= j.max_attempts THEN 'failed'
+    SET status = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                      WHEN NOT o.unstarted AND j.attempt >= j.max_attempts THEN 'failed'
                       ELSE 'queued' END::pgfleet.job_status,
         run_at = CASE WHEN o.unstarted THEN j.run_at ELSE now() END,
         attempt = CASE WHEN o.unstarted THEN greatest(j.attempt - 1, 0) ELSE j.attempt END,
-        finished_at = CASE WHEN NOT o.unstarted AND j.attempt >= j.max_attempts THEN now() END,
+        finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                                OR (NOT o.unstarted AND j.attempt >= j.max_attempts)
+                           THEN now() END,
         last_error = CASE WHEN o.unstarted
             THEN 'held unstarted by worker ' || o.locked_by::text
                  || ', which stopped heartbeating; the attempt was not counted'
             ELSE 'worker ' || o.locked_by::text || ' stopped heartbeating during attempt '
                  || j.attempt END,
+        -- A started attempt lost with its worker is a failed attempt of the history
+        -- (the last 10 kept, as the completion keeps them).
+        errors = CASE WHEN o.unstarted THEN j.errors
+                      ELSE (CASE WHEN jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                                 THEN j.errors - 0 ELSE COALESCE(j.errors, '[]') END)
+                           || jsonb_build_array(jsonb_build_object(
+                                'at', now(), 'attempt', j.attempt,
+                                'error', 'worker ' || o.locked_by::text
+                                         || ' stopped heartbeating during attempt ' || j.attempt,
+                                'worker', o.locked_by)) END,
+        errors_omitted = CASE WHEN NOT o.unstarted
+                                   AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
+                              THEN COALESCE(j.errors_omitted, 0) + 1
+                              ELSE j.errors_omitted END,
         locked_by = NULL,
         lock_token = NULL
     FROM (SELECT o.id, o.locked_by,
@@ -809,6 +938,15 @@ COMMIT;
 
 -- name: claim_transaction_rollback :exec
 ROLLBACK;
+
+-- name: job_next_due :val
+-- Seconds until the next scheduled job this worker serves is due (NULL: none):
+-- an idle claim loop sleeps until then instead of a whole poll interval, so
+-- delayed jobs, retries and snoozes start on time. Asked only when the loop goes
+-- idle; it reads the runnable index, whose due rows an idle worker has claimed.
+SELECT extract(epoch FROM min(run_at) - now())::float8 FROM pgfleet.jobs
+WHERE status = 'queued' AND run_at > now() AND name = ANY($1::text[])
+  AND ($2::text[] IS NULL OR queue_name = ANY($2::text[]));
 
 -- name: job_release_unknown :val
 -- After a lost connection the claim loop cannot tell whether its last claim

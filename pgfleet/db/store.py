@@ -60,6 +60,7 @@ _STATUSES = translate_errors("statuses")
 _WORKERS = translate_errors("workers")
 _LIMITS = translate_errors("limits")
 _CANCEL = translate_errors("cancel")
+_WAIT = translate_errors("wait")
 _RETRY = translate_errors("retry")
 _RESCHEDULE = translate_errors("reschedule")
 _PERMANENTLY_FAIL = translate_errors("permanently_fail")
@@ -267,9 +268,26 @@ class Store:
         """The job with that id, or None (:func:`plans.get_steps`)."""
         return await self.run_plan(get_steps(job_id), _GET)
 
-    async def cancel(self, job_id: UUID | str) -> Job:
-        """Cancel a queued job (:func:`plans.cancel_steps`)."""
-        return await self.run_plan(cancel_steps(job_id), _CANCEL)
+    async def cancel(self, job_id: UUID | str, by: str | None = None) -> Job:
+        """Cancel a queued job, or ask a running one's worker to stop it
+        (:func:`plans.cancel_steps`)."""
+        return await self.run_plan(cancel_steps(job_id, by), _CANCEL)
+
+    async def job_await(self, *, ids: Sequence[UUID]) -> None:
+        """Mark the unfinished jobs among ``ids`` as waited for: their end notifies."""
+        with _WAIT:
+            await self.db.execute(Q.job_await.sql, ids)
+
+    async def job_get_many(self, *, ids: Sequence[UUID]) -> list[Job]:
+        with _WAIT:
+            rows = await self.db.fetch(Q.job_get_many.sql, ids)
+        return [job_from_record(r) for r in rows]
+
+    async def job_cancels_of_worker(self, *, worker_id: UUID) -> list[UUID]:
+        """The running jobs of a worker that someone asked to cancel."""
+        with _HEARTBEAT:
+            rows = await self.db.fetch(Q.job_cancels_of_worker.sql, worker_id)
+        return [r["id"] for r in rows]
 
     async def notify_wakeup(self) -> None:
         """Wake the workers now (a committed enqueue's coalesced wakeup)."""
@@ -460,6 +478,7 @@ class Store:
         delays: Sequence[float],
         errors: Sequence[str | None],
         ran: Sequence[float | None],
+        results: Sequence[str | None],
         worker_id: UUID,
         job_names: Sequence[str],
         queue_names: Sequence[str] | None,
@@ -493,7 +512,15 @@ class Store:
             start,
             started,
             ran,
+            results,
         )
+
+    async def job_next_due(
+        self, *, job_names: Sequence[str], queue_names: Sequence[str] | None
+    ) -> float | None:
+        """Seconds until the next scheduled job of these names is due, or None."""
+        value = await self.db.fetchval(Q.job_next_due.sql, job_names, queue_names)
+        return None if value is None else float(value)
 
     async def claim_session_begin(self) -> None:
         """The claim connection's planner settings, for its whole session."""

@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 from operator import itemgetter
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 import asyncpg
 
@@ -18,11 +19,9 @@ from pgfleet.errors import (
     SchemaNotReady,
     ValidationError,
 )
-from pgfleet.jobs import Job, JobStatus, WorkerInfo, make_job
+from pgfleet.jobs import AttemptError, Job, JobStatus, WorkerInfo, make_job
 
 if TYPE_CHECKING:
-    from uuid import UUID
-
     from asyncpg import Record
 
 _UNAVAILABLE: tuple[type[BaseException], ...] = (
@@ -163,7 +162,32 @@ def job_from_record(r: Record) -> Job:
         worker_id=r["locked_by"],
         lock_token=r["lock_token"],
         trace_context=_json_text(r["trace_context"]),
+        result=decode_payload(r["result"]),
+        errors=attempt_errors(r["errors"]),
+        errors_omitted=r["errors_omitted"] or 0,
+        snoozes=r["snoozes"] or 0,
+        cancel_requested_at=r["cancel_requested_at"],
+        cancelled_by=r["cancelled_by"],
     )
+
+
+def attempt_errors(value: Any) -> tuple[AttemptError, ...]:
+    """The ``errors`` column (JSON array of objects, oldest first) as values."""
+    items = decode_payload(value)
+    if not items:
+        return ()
+    out = []
+    for item in items:
+        worker = item.get("worker")
+        out.append(
+            AttemptError(
+                at=datetime.fromisoformat(item["at"]),
+                attempt=int(item["attempt"]),
+                error=str(item["error"]),
+                worker_id=None if worker is None else UUID(worker),
+            )
+        )
+    return tuple(out)
 
 
 def _json_text(value: Any) -> str | None:
@@ -204,7 +228,7 @@ class _Stamps(dict[float, datetime]):
 ROUND_COLUMNS = (
     "claimed", "held", "id", "name", "payload", "attempt", "max_attempts", "priority",
     "queue_name", "job_key", "run_at", "created_at", "started_at", "last_error", "lock_token",
-    "trace_context",
+    "trace_context", "snoozes",
 )  # fmt: skip
 _CLAIMED = ROUND_COLUMNS.index("claimed")
 _ID = ROUND_COLUMNS.index("id")
@@ -259,11 +283,11 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
     for row, payload in zip(claimed, values, strict=True):
         # By position (ROUND_COLUMNS): by name costs five times as much per row (measured).
         (_, held, id_, name, _, attempt, max_attempts, priority, queue_name, job_key,
-         run_at, created_at, started_at, last_error, token, trace) = row  # fmt: skip
+         run_at, created_at, started_at, last_error, token, trace, snoozes) = row  # fmt: skip
         job = make_job(
             id_, name, payload, running, attempt, max_attempts, priority, queue_name,
             job_key, stamps[run_at], stamps[created_at], stamps[started_at], None,
-            last_error, worker_id, token, trace,
+            last_error, worker_id, token, trace, None, (), 0, snoozes or 0, None, None,
         )  # fmt: skip
         if held:
             ahead.append((priority, run_at, id_, job))

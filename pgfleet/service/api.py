@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -50,6 +51,7 @@ from pgfleet.service.api_schema import (
     parse_limits,
     parse_list_query,
     parse_pause,
+    parse_wait_query,
 )
 from pgfleet.service.credentials import ANONYMOUS, Access, Credential, access_of, requires
 from pgfleet.service.guard import Peer
@@ -108,11 +110,17 @@ class ApiConfig:
     #: Per job name, the decoder of its handler's payload type (from ``--app``):
     #: payloads that cannot decode are refused with 422, nothing written.
     payload_decoders: Mapping[str, Callable[[Any], Any]] | None = None
+    #: The longest long poll of ``GET /jobs/{id}?wait=``, seconds (0: none).
+    max_wait: int = 60
 
     @property
     def limits(self) -> Limits:
         return Limits(
-            self.max_batch, self.max_payload_bytes, self.known_names, self.payload_decoders
+            self.max_batch,
+            self.max_payload_bytes,
+            self.known_names,
+            self.payload_decoders,
+            self.max_wait,
         )
 
 
@@ -354,15 +362,22 @@ class JobsApi:
     @requires(Access.READ_JOB)
     async def get_job(self, request: web.Request) -> web.Response:
         job_id = request.match_info["id"]
+        wait = parse_wait_query(request.query, self._limits.max_wait)
         job = await self.queue.get(job_id)
         if job is None:
             raise RequestError(404, f"no job with id {job_id}", {"id": job_id})
+        if wait and not job.status.finished and not self.draining:
+            # Long poll: the queue's waiters share one LISTEN connection.
+            with contextlib.suppress(TimeoutError):
+                job = await self.queue.wait(job.id, timeout=wait)
         return web.json_response(self._view(job))
 
     @requires(Access.OPERATE)
     async def cancel_job(self, request: web.Request) -> web.Response:
         await self._empty_body(request)
-        job = await self.queue.cancel(request.match_info["id"])
+        job = await self.queue.cancel(
+            request.match_info["id"], by=f"api:{request[CREDENTIAL].name}"[:200]
+        )
         audit(request[CREDENTIAL], request[PEER], "cancel job %s (%s)", job.id, job.name)
         return web.json_response(self._view(job))
 
@@ -483,8 +498,13 @@ class JobsApi:
 
     def _view(self, job: Job) -> dict[str, Any]:
         view = job_view(job)
+        redactor = self.config.redactor
         if "error" in view:
-            view["error"] = self.config.redactor.error(job.name, view["error"])
+            view["error"] = redactor.error(job.name, view["error"])
+        for entry in view.get("errors", ()):
+            entry["error"] = redactor.error(job.name, entry["error"])
+        if "result" in view:
+            view["result"] = redactor.payload(job.name, view["result"])
         return view
 
     async def _empty_body(self, request: web.Request) -> None:

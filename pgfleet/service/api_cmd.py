@@ -75,6 +75,14 @@ _INTEGERS: tuple[tuple[str, str, int, int, int, str], ...] = (
     ),
     ("--max-batch", "API_MAX_BATCH", 1000, 1, 100_000, "most jobs in one batch request"),
     (
+        "--max-wait",
+        "API_MAX_WAIT",
+        60,
+        0,
+        3600,
+        "longest long poll of GET /jobs/{id}?wait=, seconds (0: answer at once)",
+    ),
+    (
         "--backlog-cap",
         "API_BACKLOG_CAP",
         0,
@@ -323,6 +331,7 @@ def build_config(args: argparse.Namespace) -> ApiConfig:
     return ApiConfig(
         max_body_bytes=args.max_body_bytes,
         max_batch=args.max_batch,
+        max_wait=args.max_wait,
         max_payload_bytes=args.max_payload_bytes,
         backlog_cap=args.backlog_cap,
         backlog_cap_per_name=args.backlog_cap_per_name,

@@ -8,6 +8,7 @@ with a path such as ``jobs[3].options.delay``.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
@@ -105,6 +106,8 @@ class Limits:
     #: Per job name, the handler's payload decoder: a payload it cannot decode is
     #: refused at the door instead of failing at the worker (None: no check).
     decoders: Mapping[str, Callable[[Any], Any]] | None = None
+    #: The longest long poll of ``GET /jobs/{id}?wait=`` (0: none).
+    max_wait: int = 60
 
 
 @dataclass(frozen=True, slots=True)
@@ -447,3 +450,18 @@ def parse_pause(doc: Any) -> tuple[str | None, str | None]:
     except ValidationError as exc:
         raise _invalid("the body", str(exc)) from None
     return name, queue_name
+
+
+def parse_wait_query(query: Mapping[str, str], max_wait: int) -> float | None:
+    """``?wait=`` of ``GET /jobs/{id}``: seconds to wait for the job to finish (a
+    number from 0 to ``max_wait``), or None without it."""
+    raw = query.get("wait")
+    if raw is None:
+        return None
+    try:
+        seconds = float(raw) if raw.isascii() and raw.strip() == raw else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not 0 <= seconds <= max_wait:  # NaN fails too
+        raise _invalid("wait", f"must be a number of seconds from 0 to {max_wait}, got {raw!r}")
+    return seconds

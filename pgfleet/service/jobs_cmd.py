@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import Awaitable, Callable, Sequence
@@ -63,8 +64,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     get.add_argument(
         "--payload", action="store_true", help="also print the payload (it may be sensitive)"
     )
-    cancel = sub.add_parser("cancel", parents=[common], help="cancel a queued job")
+    get.add_argument(
+        "--wait",
+        type=_wait_seconds,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the job to finish, then print it",
+    )
+    cancel = sub.add_parser(
+        "cancel",
+        parents=[common],
+        help="cancel a queued job, or ask the worker running a running one to stop it",
+    )
     cancel.add_argument("id", help="the job id")
+    cancel.add_argument("--by", default="cli", help="who cancels, kept with the job (default: cli)")
     retry = sub.add_parser(
         "retry", parents=[common], help="run a failed or cancelled job again, now"
     )
@@ -79,6 +91,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     batch.add_argument("id", help="the batch id (its callback job's id)")
     sub.add_parser("counts", parents=[common], help="job totals by status (scans the table)")
     sub.add_parser("workers", parents=[common], help="registered worker processes")
+
+
+def _wait_seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 86400:
+        raise argparse.ArgumentTypeError(f"must be seconds from 0 to 86400, got {text!r}")
+    return seconds
 
 
 def _limit(text: str) -> int:
@@ -111,7 +133,8 @@ async def _run(args: argparse.Namespace) -> int:
         pool = await create_pool(
             args.dsn,
             min_size=1,
-            max_size=1,
+            # A wait listens on a connection of its own besides the one reading.
+            max_size=2 if getattr(args, "wait", None) else 1,
             timeout=CONNECT_TIMEOUT,
             pgbouncer=bool(getattr(args, "pgbouncer", False)),
         )
@@ -167,6 +190,9 @@ async def _get(queue: Any, args: argparse.Namespace) -> None:
     job = await queue.get(args.id)
     if job is None:
         raise JobNotFound(args.id)
+    if args.wait and not job.status.finished:
+        with contextlib.suppress(TimeoutError):
+            job = await queue.wait(job.id, timeout=args.wait)
     view = job_view(job)
     if args.payload:
         view["payload"] = job.payload
@@ -174,7 +200,7 @@ async def _get(queue: Any, args: argparse.Namespace) -> None:
 
 
 async def _cancel(queue: Any, args: argparse.Namespace) -> None:
-    _print_record(job_view(await queue.cancel(args.id)), args.json)
+    _print_record(job_view(await queue.cancel(args.id, by=args.by)), args.json)
 
 
 async def _retry(queue: Any, args: argparse.Namespace) -> None:
@@ -264,6 +290,15 @@ def _print_record(view: dict[str, Any], as_json: bool) -> None:
         return
     width = max(len(k) for k in view)
     for key, value in view.items():
+        if key == "errors":
+            for entry in value:
+                worker = entry.get("worker_id") or "-"
+                line = _one_line(entry["error"])
+                print(
+                    f"{key:<{width}}  #{entry['attempt']} {_short_time(entry['at'])} "
+                    f"worker {worker}: {line}"
+                )
+            continue
         text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
         print(f"{key:<{width}}  {text}")
 

@@ -160,8 +160,9 @@ class ProcessMetrics:
         )
         self.finished = Counter(
             "pgfleet_jobs_finished",
-            "Job attempts finished, by outcome: succeeded, retried, failed, cancelled "
-            "(taken away while running: outcome discarded), aborted (stopped at shutdown).",
+            "Job attempts finished, by outcome: succeeded, retried, snoozed (runs again "
+            "later, no attempt used), failed, cancelled (cancelled while running, or taken "
+            "away: outcome discarded), aborted (stopped at shutdown).",
             ["kind", "outcome"],
             registry=registry,
         )

@@ -204,6 +204,40 @@ def _job_view_schema() -> dict[str, Any]:
                 "format": "uuid",
                 "description": "The worker running it (running jobs only).",
             },
+            "result": {
+                "description": "What the handler returned (any JSON value), on a "
+                "succeeded job that returned something; redacted like payloads."
+            },
+            "errors": {
+                "type": "array",
+                "description": "Each failed attempt's error, oldest first (the last 10).",
+                "items": {
+                    "type": "object",
+                    "required": ["at", "attempt", "error"],
+                    "additionalProperties": False,
+                    "properties": {
+                        "at": _TIME,
+                        "attempt": {"type": "integer", "minimum": 0},
+                        "error": {"type": "string"},
+                        "worker_id": {"type": "string", "format": "uuid"},
+                    },
+                },
+            },
+            "errors_omitted": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Older failed attempts no longer in errors.",
+            },
+            "snoozes": {
+                "type": "integer",
+                "minimum": 1,
+                "description": "Times the handler snoozed (runs again later, no attempt used).",
+            },
+            "cancel_requested_at": {
+                **_TIME,
+                "description": "When someone cancelled it while it ran.",
+            },
+            "cancelled_by": {"type": "string", "description": "Who cancelled it."},
         },
     }
 
@@ -696,10 +730,28 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/jobs/{id}": {
             "get": _operation(
                 "getJob",
-                "A job's status record",
-                {"200": _json("Job", "The status record (never the payload)."), "404": not_found},
+                "A job's status record; with wait, once it has finished",
+                {
+                    "200": _json(
+                        "Job",
+                        "The status record (never the payload). With wait: the finished "
+                        "job, or its current record when wait ran out first.",
+                    ),
+                    "404": not_found,
+                    "422": _error("An invalid wait parameter."),
+                },
                 secured=True,
-                parameters=[_JOB_ID],
+                parameters=[
+                    _JOB_ID,
+                    {
+                        "name": "wait",
+                        "in": "query",
+                        "required": False,
+                        "schema": {"type": "number", "minimum": 0, "maximum": limits.max_wait},
+                        "description": "Long poll: answer once the job has finished, or "
+                        f"after this many seconds (at most {limits.max_wait}, --max-wait).",
+                    },
+                ],
             ),
         },
         "/jobs/{id}/dependencies": {
@@ -763,7 +815,7 @@ def _paths(limits: Limits) -> dict[str, Any]:
         "/jobs/{id}/cancel": {
             "post": _operation(
                 "cancelJob",
-                "Cancel a queued job",
+                "Cancel a queued job, or ask the worker running a running one to stop it",
                 {"200": job_record, "404": not_found, "409": refused, **no_body_errors},
                 secured=True,
                 parameters=[_JOB_ID],

@@ -25,8 +25,10 @@ def timestamp(value: datetime | None) -> str | None:
 
 def job_view(job: Job) -> dict[str, Any]:
     """The status record of a job: id, name, status, attempts and timestamps, plus
-    ``error``, ``started_at``, ``finished_at``, ``queue_name``, ``job_key`` and
-    ``worker_id`` only when that state has them."""
+    ``error``, ``started_at``, ``finished_at``, ``queue_name``, ``job_key``,
+    ``worker_id``, ``result`` (a succeeded job's return value), ``errors`` (each
+    failed attempt's, oldest first) and ``errors_omitted``, ``snoozes``,
+    ``cancel_requested_at`` and ``cancelled_by`` only when the job has them."""
     view: dict[str, Any] = {
         "id": str(job.id),
         "name": job.name,
@@ -46,6 +48,21 @@ def job_view(job: Job) -> dict[str, Any]:
         "worker_id": str(job.worker_id)
         if job.worker_id is not None and job.status is JobStatus.RUNNING
         else None,
+        "result": job.result if job.status is JobStatus.SUCCEEDED else None,
+        "errors": [
+            {
+                "at": timestamp(e.at),
+                "attempt": e.attempt,
+                "error": e.error,
+                "worker_id": None if e.worker_id is None else str(e.worker_id),
+            }
+            for e in job.errors
+        ]
+        or None,
+        "errors_omitted": job.errors_omitted or None,
+        "snoozes": job.snoozes or None,
+        "cancel_requested_at": timestamp(job.cancel_requested_at),
+        "cancelled_by": job.cancelled_by,
     }
     view.update((key, value) for key, value in optional.items() if value is not None)
     return view

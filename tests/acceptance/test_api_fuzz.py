@@ -97,6 +97,8 @@ def start_api(tmp: Path, dsn: str, name: str, env: dict[str, str]) -> RunningApi
             proc = subprocess.Popen(
                 [sys.executable, "-m", "pgfleet", "api", "--dsn", dsn, "--port", str(port),
                  "--metrics-port", "0", "--max-batch", "20",
+                 # No worker runs: a long poll would only wait out its time.
+                 "--max-wait", "0",
                  # 401s are what this exercises: the backoff (429) is test_access's.
                  "--auth-free-failures", "1000"],
                 cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1", **env},

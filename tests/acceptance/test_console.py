@@ -23,6 +23,7 @@ import pytest
 from pgfleet import EnqueueOptions, Queue
 from tests.acceptance.api_support import Fleet, until
 from tests.apps.console_app import REFUSAL
+from tests.helpers import put_in_state
 
 TOKEN = "console-test-token-3f9a-7Kq2wZ"
 APP = "tests.apps.console_app:registry"
@@ -427,7 +428,7 @@ async def test_bad_input_and_refused_actions_get_a_page_naming_the_problem(
                 "cancel",
                 dict[str, str](),
                 409,
-                "it is failed, and cancel applies only to queued jobs",
+                "it is failed, and cancel applies only to queued or running jobs",
             ),
             ("reschedule", dict[str, str](), 409, "reschedule applies only to queued jobs"),
             ("fail", dict[str, str](), 409, "applies only to queued or running jobs"),
@@ -489,3 +490,34 @@ async def test_a_database_that_does_not_answer_gives_a_503_page_without_its_addr
                 assert "did not answer" in text
                 assert "s3cret" not in text and str(port) not in text and "nowhere" not in text
     assert "s3cret" not in api.proc.output()
+
+
+async def test_the_job_page_shows_the_result_the_failed_attempts_and_cancels_a_running_job(
+    fleet: Fleet, pool: asyncpg.Pool
+) -> None:
+    api = await fleet.api(env={"PGFLEET_API_TOKEN": TOKEN})
+    queue = Queue(pool)
+    done = await queue.enqueue("send_email", {"to": "a"})
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET status = 'succeeded', attempt = 2, finished_at = now(), "
+        'started_at = now(), result = \'{"sent": "result-5d2a"}\', errors = jsonb_build_array('
+        "jsonb_build_object('at', now(), 'attempt', 1, 'error', 'TimeoutError: attempt-9f3b', "
+        "'worker', gen_random_uuid())) WHERE id = $1",
+        done,
+    )
+    running = await queue.enqueue("send_email", {"to": "b"})
+    await put_in_state(pool, running, "running", attempt=1)
+    async with session() as http:
+        await login(http, api.url)
+        async with http.get(f"{api.url}/ui/jobs/{done}") as resp:
+            text = await resp.text()
+        assert resp.status == 200
+        assert "result-5d2a" in text and "Failed attempts" in text and "attempt-9f3b" in text
+        csrf = await page_csrf(http, f"{api.url}/ui/jobs/{running}")
+        cancel = f"{api.url}/ui/jobs/{running}/cancel"
+        async with http.post(cancel, data={"csrf": csrf}, allow_redirects=False) as resp:
+            assert resp.status == 303
+            assert resp.headers["Location"] == f"/ui/jobs/{running}?done=cancel_requested"
+    job = await queue.get(running)
+    assert job is not None and job.cancel_requested_at is not None
+    assert job.cancelled_by == "console:api-token"

@@ -120,6 +120,27 @@ async def test_cancel_and_retry_and_their_refusals(database: str, pool: asyncpg.
     assert await jobs_table(pool) == before
 
 
+async def test_get_waits_for_the_job_and_prints_its_failed_attempts(
+    database: str, pool: asyncpg.Pool
+) -> None:
+    queue = Queue(pool)
+    job = await queue.enqueue("send_email")
+    waiting = asyncio.ensure_future(pgfleet_jobs("get", str(job), "--wait", "60", dsn=database))
+    while not await pool.fetchval("SELECT awaited FROM pgfleet.jobs WHERE id = $1", job):
+        await asyncio.sleep(0.05)
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET errors = jsonb_build_array(jsonb_build_object('at', now(), "
+        "'attempt', 1, 'error', 'TimeoutError: slow', 'worker', gen_random_uuid())) "
+        "WHERE id = $1",
+        job,
+    )
+    await queue.cancel(job, by="ops")
+    done = await waiting
+    assert done.code == 0, done.err
+    assert "status" in done.out and "cancelled" in done.out and "ops" in done.out
+    assert "#1" in done.out and "TimeoutError: slow" in done.out
+
+
 async def test_unknown_ids_and_bad_input_exit_non_zero(database: str, pool: asyncpg.Pool) -> None:
     await Queue(pool).enqueue("send_email")
     before = await jobs_table(pool)

@@ -115,6 +115,12 @@ async def flaky(job: Job, payload: dict[str, int]) -> None:
         raise RuntimeError(f"transient failure on attempt {job.attempt}")
 
 
+@registry.job("echo")
+async def echo(job: Job, payload: Any) -> Any:
+    """Returns its payload: the job's result."""
+    return payload
+
+
 @registry.job("sync_record")
 def sync_record(job: Job, payload: Any) -> None:
     time.sleep(0.001)

@@ -185,6 +185,14 @@ def test_the_handler_tests_pass(database: str) -> None:
     assert "4 passed" in output, output
 
 
+def test_job_control(database: str) -> None:
+    output = python("job_control.py", SNIPPETS, database)
+    assert "report: succeeded, 1200 rows for customer 7" in output
+    assert "call: succeeded on attempt 3 after 1 snooze" in output
+    assert "attempt 1: TimeoutError: the provider did not answer (attempt 1)" in output
+    assert "export: cancelled, cleaning up" in output and "export: cancelled by ops" in output
+
+
 async def test_crons_validate_and_run(pool: asyncpg.Pool) -> None:
     module = import_file(SNIPPETS / "crons.py")
     stop = asyncio.Event()

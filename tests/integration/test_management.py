@@ -28,7 +28,7 @@ UTC = dt.UTC
 Op = Callable[[Queue, uuid.UUID], Awaitable[Job]]
 
 OPERATIONS: dict[str, tuple[Op, set[str]]] = {
-    "cancel": (lambda q, i: q.cancel(i), {"queued"}),
+    "cancel": (lambda q, i: q.cancel(i), {"queued", "running"}),
     "retry": (lambda q, i: q.retry(i), {"failed", "cancelled"}),
     "reschedule": (lambda q, i: q.reschedule(i, delay=60), {"queued"}),
     "permanently_fail": (
@@ -67,7 +67,11 @@ async def test_operation_in_state(pool: asyncpg.Pool, operation: str, state: str
 
 
 def _check_effect(operation: str, before: Any, job: Job) -> None:
-    if operation == "cancel":
+    if operation == "cancel" and before["status"] == "running":
+        # Asked of the worker running it: still running until its handler stops.
+        assert job.status is JobStatus.RUNNING and job.cancel_requested_at is not None
+        assert job.cancelled_by == "application" and job.lock_token == before["lock_token"]
+    elif operation == "cancel":
         assert job.status is JobStatus.CANCELLED
         assert job.finished_at is not None
     elif operation == "retry":

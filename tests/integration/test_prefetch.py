@@ -46,6 +46,7 @@ async def _claim(
             delays=[],
             errors=[],
             ran=[],
+            results=[],
             worker_id=worker_id,
             job_names=["record"],
             queue_names=None,

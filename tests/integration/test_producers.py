@@ -305,6 +305,32 @@ async def test_get_and_cancel_answer_as_queue_does(pool: asyncpg.Pool, database:
     await asyncio.to_thread(sync)
 
 
+async def test_the_producers_wait_for_a_job_to_finish_and_return_it(
+    pool: asyncpg.Pool, database: str
+) -> None:
+    queue = Queue(pool)
+    first, second, never = [await queue.enqueue("work", {"n": n}) for n in (1, 2, 3)]
+
+    async def wait_async() -> Job:
+        async with await psycopg.AsyncConnection.connect(database, autocommit=True) as aconn:
+            with pytest.raises(TimeoutError):
+                await pg3.AsyncProducer().wait(aconn, never, timeout=0.05)
+            return await pg3.AsyncProducer().wait(aconn, first, timeout=30, poll_interval=0.01)
+
+    def wait_sync() -> Job:
+        with psycopg.connect(database, autocommit=True) as conn:
+            with pytest.raises(JobNotFound):
+                pg3.Producer().wait(conn, "00000000-0000-0000-0000-000000000000", timeout=1)
+            return pg3.Producer().wait(conn, second, timeout=30, poll_interval=0.01)
+
+    waiting = asyncio.gather(wait_async(), asyncio.to_thread(wait_sync))
+    await queue.complete(first)
+    await queue.cancel(second, by="test")
+    done_async, done_sync = await waiting
+    assert done_async.status is JobStatus.SUCCEEDED and done_async == await queue.get(first)
+    assert done_sync.status is JobStatus.CANCELLED and done_sync.cancelled_by == "test"
+
+
 async def test_a_batch_on_a_connection_that_has_not_begun_joins_its_implicit_transaction(
     pool: asyncpg.Pool, database: str
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from pgfleet import RetryPolicy
 from pgfleet.backoff import retry_delay
 
 
@@ -42,3 +43,23 @@ def test_huge_attempts_stay_capped() -> None:
 def test_attempt_must_be_positive() -> None:
     with pytest.raises(ValueError, match="attempt must be >= 1"):
         retry_delay(0, base=1, cap=1, jitter=0)
+
+
+# ---------------------------------------------------------------- retry policies
+
+
+def test_a_policys_give_up_on_beats_its_retry_on() -> None:
+    policy = RetryPolicy(retry_on=(OSError,), give_up_on=(ConnectionRefusedError,))
+    assert not policy.gives_up(TimeoutError())  # an OSError
+    assert policy.gives_up(ConnectionRefusedError())  # an OSError too, but given up on
+    assert policy.gives_up(ValueError())  # not in retry_on
+
+
+def test_the_stricter_max_attempts_of_job_and_policy_applies() -> None:
+    assert RetryPolicy(max_attempts=10).attempts(25) == 10
+    assert RetryPolicy(max_attempts=10).attempts(3) == 3
+    assert RetryPolicy().attempts(7) == 7
+
+
+def test_a_single_exception_class_is_taken_as_a_tuple() -> None:
+    assert RetryPolicy(retry_on=TimeoutError).retry_on == (TimeoutError,)  # type: ignore[arg-type]

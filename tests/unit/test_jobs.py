@@ -32,11 +32,13 @@ def test_status_parse() -> None:
         JobStatus.parse("dead")
 
 
-def test_runs_now() -> None:
+def test_jobs_due_within_a_minute_wake_the_workers_and_later_ones_do_not() -> None:
     assert EnqueueOptions().runs_now
     assert EnqueueOptions(delay=0).runs_now
-    assert not EnqueueOptions(delay=1).runs_now
-    assert not EnqueueOptions(run_at=dt.datetime.now(dt.UTC)).runs_now
+    assert EnqueueOptions(delay=5).runs_now
+    assert not EnqueueOptions(delay=3600).runs_now
+    assert EnqueueOptions(run_at=dt.datetime.now(dt.UTC)).runs_now
+    assert not EnqueueOptions(run_at=dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).runs_now
 
 
 def test_delay_accepts_timedelta_and_seconds() -> None:

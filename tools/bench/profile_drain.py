@@ -349,6 +349,7 @@ async def _explain_round(dsn: str, limit: int) -> str:
                 limit,
                 [],
                 [None] * len(ids),
+                [None] * len(ids),
             )
 
         tr = conn.transaction()

@@ -198,18 +198,20 @@ class TaskBackend(BaseTaskBackend):  # type: ignore[misc]  # Django ships no ann
 
 
 def result_of(task: Any, job: Job, backend: str) -> Any:
-    """The ``TaskResult`` a job stands for.
-
-    What pgfleet keeps today: the status, the times, the arguments, the attempts
-    and the last error (``errors`` holds it; each attempt's error arrives with job
-    results). The return value is not stored yet: a successful result's
-    ``return_value`` is None until job results (``Job.result``) land, and this is
-    the one place that will read it."""
+    """The ``TaskResult`` a job stands for: its status, times, arguments, every
+    failed attempt's error (``Job.errors``, the last ten; the last error when the
+    history holds none) and, once it succeeded, its return value (``Job.result``)."""
     payload = job.payload if isinstance(job.payload, dict) else {}
     status = _STATUS[job.status]
-    errors = [] if job.last_error is None else [_task_error(job.last_error)]
+    if job.errors:
+        errors = [_task_error(e.error) for e in job.errors]
+    else:
+        errors = [] if job.last_error is None else [_task_error(job.last_error)]
     attempts = job.attempt
     worker = "" if job.worker_id is None else str(job.worker_id)
+    workers = [str(e.worker_id or "") for e in job.errors]
+    if len(workers) < attempts:
+        workers += [worker] * (attempts - len(workers))
     result = TaskResult(
         task=task,
         id=str(job.id),
@@ -222,9 +224,12 @@ def result_of(task: Any, job: Job, backend: str) -> Any:
         kwargs=payload.get("kwargs", {}),
         backend=backend,
         errors=errors,
-        # Django counts attempts by these; pgfleet keeps only the current holder.
-        worker_ids=[worker] * attempts,
+        # Django counts attempts by these: the workers of the failed attempts
+        # pgfleet kept, then the current holder.
+        worker_ids=workers[-attempts:] if attempts else [],
     )
+    if job.status is JobStatus.SUCCEEDED:
+        object.__setattr__(result, "_return_value", job.result)
     return result
 
 

@@ -23,7 +23,13 @@ from django.utils import timezone
 from django.utils.module_loading import autodiscover_modules
 
 from pgfleet.contrib.django.backend import KNOWN_TASKS, TaskBackend, job_name, result_of
-from pgfleet.contrib.django.compat import TaskContext, TaskResultStatus, task_finished, task_started
+from pgfleet.contrib.django.compat import (
+    TaskContext,
+    TaskResultStatus,
+    normalize_json,
+    task_finished,
+    task_started,
+)
 from pgfleet.errors import InvalidOptions, PermanentError
 from pgfleet.jobs import Job
 from pgfleet.registry import Registry
@@ -77,46 +83,51 @@ def _handler(task: Any, backend: TaskBackend) -> Any:
 
     if iscoroutinefunction(task.func):
 
-        async def run_async(job: Job, payload: Any) -> None:
+        async def run_async(job: Job, payload: Any) -> Any:
             result, args, kwargs = call_args(job, payload)
             await task_started.asend(type(backend), task_result=result)
             try:
-                await task.func(*args, **kwargs)
+                value = await task.func(*args, **kwargs)
             except Exception as exc:
                 _finish(result, TaskResultStatus.FAILED)
                 raise _failure(exc) from exc
             else:
-                _finish(result, TaskResultStatus.SUCCESSFUL)
+                _finish(result, TaskResultStatus.SUCCESSFUL, value)
             finally:
                 await task_finished.asend(type(backend), task_result=result)
+            return normalize_json(value)
 
         return run_async
 
-    def run(job: Job, payload: Any) -> None:
+    def run(job: Job, payload: Any) -> Any:
         close_old_connections()
         try:
             result, args, kwargs = call_args(job, payload)
             task_started.send(type(backend), task_result=result)
             try:
-                task.func(*args, **kwargs)
+                value = task.func(*args, **kwargs)
             except Exception as exc:
                 _finish(result, TaskResultStatus.FAILED)
                 raise _failure(exc) from exc
             else:
-                _finish(result, TaskResultStatus.SUCCESSFUL)
+                _finish(result, TaskResultStatus.SUCCESSFUL, value)
             finally:
                 task_finished.send(type(backend), task_result=result)
+            # Stored as the job's result: the TaskResult's return_value.
+            return normalize_json(value)
         finally:
             close_old_connections()
 
     return run
 
 
-def _finish(result: Any, status: Any) -> None:
+def _finish(result: Any, status: Any, value: Any = None) -> None:
     """The attempt's outcome on the result ``task_finished`` receivers are sent (a
     failed attempt that will be retried reads FAILED there, READY in the job)."""
     object.__setattr__(result, "status", status)
     object.__setattr__(result, "finished_at", timezone.now())
+    if value is not None:
+        object.__setattr__(result, "_return_value", normalize_json(value))
 
 
 def _failure(exc: Exception) -> TaskFailed:

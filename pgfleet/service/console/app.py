@@ -506,8 +506,9 @@ class Console:
             job = await queue.retry(job_id)
             done = "retried"
         elif action == "cancel":
-            job = await queue.cancel(job_id)
-            done = "cancelled"
+            who = visit.session.credential.name if visit.session is not None else "anonymous"
+            job = await queue.cancel(job_id, by=f"console:{who}"[:200])
+            done = "cancelled" if job.status is JobStatus.CANCELLED else "cancel_requested"
         elif action == "fail":
             reason = (_field(form, "reason") or "").strip() or "failed by operator"
             job = await queue.permanently_fail(job_id, reason[:1000])
@@ -619,6 +620,11 @@ class Console:
             job,
             payload=redactor.payload(job.name, job.payload) if with_payload else None,
             last_error=redactor.error(job.name, job.last_error),
+            errors=tuple(
+                dataclasses.replace(e, error=redactor.error(job.name, e.error) or "")
+                for e in job.errors
+            ),
+            result=redactor.payload(job.name, job.result),
         )
 
     def _redacted_row(self, row: Any) -> dict[str, Any]:

@@ -24,7 +24,7 @@ STATIC = f"{BASE}/static"
 #: What each job status allows: the console's buttons, by state.
 ACTIONS: dict[JobStatus, tuple[str, ...]] = {
     JobStatus.QUEUED: ("cancel", "reschedule", "fail"),
-    JobStatus.RUNNING: ("fail",),
+    JobStatus.RUNNING: ("cancel", "fail"),
     JobStatus.FAILED: ("retry",),
     JobStatus.CANCELLED: ("retry",),
     JobStatus.SUCCEEDED: (),
@@ -33,6 +33,7 @@ ACTIONS: dict[JobStatus, tuple[str, ...]] = {
 DONE_MESSAGES = {
     "retried": "Retried: the job is queued again with fresh attempts.",
     "cancelled": "Cancelled.",
+    "cancel_requested": "Cancel requested: the worker running the job is stopping it.",
     "failed": "Failed permanently.",
     "rescheduled": "Rescheduled.",
 }
@@ -520,6 +521,12 @@ def job_page(
             else "—",
         ),
     ]
+    if job.snoozes:
+        fields.append(("Snoozes", job.snoozes))
+    if job.cancel_requested_at is not None:
+        fields.append(("Cancel requested", when(job.cancel_requested_at)))
+    if job.cancelled_by:
+        fields.append(("Cancelled by", job.cancelled_by))
     details = el(
         "dl", {"class": "fields"}, [(el("dt", None, k), el("dd", None, v)) for k, v in fields]
     )
@@ -531,6 +538,46 @@ def job_page(
         if job.last_error
         else el("p", None, "None."),
     )
+    history: Child = ""
+    if job.errors:
+        omitted = (
+            el("p", {"class": "hint"}, f"{job.errors_omitted} older failed attempts not kept.")
+            if job.errors_omitted
+            else ""
+        )
+        history = el(
+            "section",
+            {"id": "errors"},
+            el("h2", None, "Failed attempts"),
+            omitted,
+            table(
+                ["Attempt", "At", "Worker", "Error"],
+                [
+                    [
+                        str(e.attempt),
+                        when(e.at),
+                        str(e.worker_id) if e.worker_id else "—",
+                        el("pre", {"class": "error-text"}, e.error),
+                    ]
+                    for e in job.errors
+                ],
+                "None.",
+            ),
+        )
+    result: Child = ""
+    if job.status is JobStatus.SUCCEEDED:
+        result = el(
+            "section",
+            {"id": "result"},
+            el("h2", None, "Result"),
+            el(
+                "pre",
+                {"class": "payload"},
+                json.dumps(job.result, indent=2, ensure_ascii=False, default=str),
+            )
+            if payloads
+            else el("p", {"class": "hint"}, hidden_note.replace("Payload", "Result")),
+        )
     if not payloads:
         payload: Child = el("p", {"class": "hint"}, hidden_note)
     elif show_payload:
@@ -554,7 +601,9 @@ def job_page(
         batch_section(batch) if batch is not None else "",
         relatives_section("Waits on", "parents", parents) if parents else "",
         relatives_section("Children", "children", children) if children else "",
+        result,
         error,
+        history,
         el("section", None, el("h2", None, "Payload"), payload),
     )
 

@@ -147,6 +147,7 @@ class FakeStore:
         delays: Sequence[float],
         errors: Sequence[str | None],
         ran: Sequence[float | None],
+        results: Sequence[str | None],
         worker_id: uuid.UUID,
         job_names: Sequence[str],
         queue_names: Sequence[str] | None,

@@ -19,6 +19,7 @@ from pgfleet.service.api_schema import (
     parse_enqueue,
     parse_list_query,
     parse_rfc3339,
+    parse_wait_query,
 )
 from pgfleet.service.views import job_view
 
@@ -343,3 +344,13 @@ def test_after_and_run_anyway_are_options_and_a_batch_needs_its_callback() -> No
         parse_batch({"jobs": [{"name": "a"}]}, Limits())
     with pytest.raises(RequestError, match="object or null"):
         parse_batch({"jobs": [{"name": "a"}], "callback": {"name": "d", "payload": [1]}}, Limits())
+
+
+def test_the_long_poll_takes_seconds_up_to_its_limit() -> None:
+    assert parse_wait_query({}, 60) is None
+    assert parse_wait_query({"wait": "2.5"}, 60) == 2.5
+    assert parse_wait_query({"wait": "0"}, 0) == 0.0
+    for bad in ("61", "-1", "nan", "inf", " 1", "1e400", "abc", "٣"):
+        with pytest.raises(RequestError) as info:
+            parse_wait_query({"wait": bad}, 60)
+        assert info.value.status == 422 and "wait" in info.value.message

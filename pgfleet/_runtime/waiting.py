@@ -1,0 +1,174 @@
+"""Waiting for jobs to finish (``Queue.wait``): every waiter of a queue shares one
+LISTEN connection on the done channel, and one poll per interval covers the
+notifications that never arrive (a lost connection, a finish that raced the
+waiter's registration). A notification only makes a waiter return sooner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from typing import Any
+
+from pgfleet._runtime.listener import Listener
+from pgfleet.db import DONE_CHANNEL
+from pgfleet.db.deadlines import DEFAULT_DATABASE_TIMEOUT, BoundedPool
+from pgfleet.db.store import Store
+from pgfleet.errors import JobNotFound
+from pgfleet.jobs import Job
+
+log = logging.getLogger("pgfleet")
+
+#: Seconds between polls of the waited-for jobs' statuses (the fallback).
+WAIT_POLL_INTERVAL = 1.0
+
+
+class Waiters:
+    """The waiters of one queue: futures by job id, resolved with the finished job.
+    The listener runs while anyone waits (its connection goes back to the pool
+    with the last waiter, so closing the pool never waits for it)."""
+
+    def __init__(
+        self,
+        pool: Any,
+        store: Store,
+        *,
+        poll_interval: float = WAIT_POLL_INTERVAL,
+        timeout: float = DEFAULT_DATABASE_TIMEOUT,
+    ) -> None:
+        # The listener holds a connection of the driver's pool itself (a bounded
+        # pool's acquire bounds a call, not a connection kept for long).
+        self._pool = pool.raw if isinstance(pool, BoundedPool) else pool
+        self._store = store
+        self.poll_interval = poll_interval
+        self._timeout = timeout
+        self._futures: dict[uuid.UUID, list[asyncio.Future[Job]]] = {}
+        #: Waited for since the last round: marked awaited, then checked.
+        self._new: set[uuid.UUID] = set()
+        #: Announced finished by a notification: checked next round.
+        self._announced: set[uuid.UUID] = set()
+        self._check_all = False
+        self._kick = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self.listener: Listener | None = None
+        #: Rounds done, and those that polled every waited-for job (for tests).
+        self.rounds = 0
+        self.polls = 0
+
+    @property
+    def waiting(self) -> int:
+        """Jobs waited for now."""
+        return len(self._futures)
+
+    async def wait(self, job_id: uuid.UUID, timeout: float | None) -> Job:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Job] = loop.create_future()
+        self._futures.setdefault(job_id, []).append(future)
+        self._new.add(job_id)
+        self._kick.set()
+        if self._task is None or self._task.done():
+            self._task = loop.create_task(self._run(), name="pgfleet-waiters")
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        finally:
+            futures = self._futures.get(job_id)
+            if futures is not None:
+                with contextlib.suppress(ValueError):
+                    futures.remove(future)
+                if not futures:
+                    del self._futures[job_id]
+
+    def _on_done(self, payload: str) -> None:
+        if not payload:
+            self._check_all = True
+        else:
+            futures = self._futures
+            for text in payload.split(","):
+                try:
+                    uid = uuid.UUID(text)
+                except ValueError:
+                    continue
+                if uid in futures:
+                    self._announced.add(uid)
+        self._kick.set()
+
+    def _on_reconnect(self, _source: str) -> None:
+        # Anything may have finished while the listener was away.
+        self._check_all = True
+        self._kick.set()
+
+    async def _run(self) -> None:
+        listener = self.listener = Listener(
+            self._pool,
+            self._on_reconnect,
+            timeout=self._timeout,
+            channels={DONE_CHANNEL: self._on_done},
+            jobs_channel=False,
+        )
+        listener.start()
+        try:
+            # Registrations made before the listener listens are covered by the
+            # status check that follows their mark, and then by the polls.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(listener.connected.wait(), self.poll_interval)
+            while self._futures or self._new:
+                polled = False
+                if not self._kick.is_set():
+                    try:
+                        await asyncio.wait_for(self._kick.wait(), self.poll_interval)
+                    except TimeoutError:
+                        polled = True
+                self._kick.clear()
+                try:
+                    await self._round(polled)
+                    self.rounds += 1
+                except Exception as exc:
+                    log.warning("waiting for jobs: %s; retrying at the next poll", exc)
+                    await asyncio.sleep(self.poll_interval)
+        finally:
+            self.listener = None
+            await listener.stop()
+            if self._futures or self._new:
+                # Someone started waiting while this one wound down.
+                self._task = asyncio.get_running_loop().create_task(
+                    self._run(), name="pgfleet-waiters"
+                )
+
+    async def _round(self, polled: bool) -> None:
+        new, self._new = self._new, set()
+        try:
+            if new:
+                await self._store.job_await(ids=list(new))
+        except BaseException:
+            self._new |= new
+            raise
+        if polled or self._check_all:
+            self._check_all = False
+            self._announced.clear()
+            if polled:
+                self.polls += 1
+            check = set(self._futures)
+        else:
+            check = new | self._announced
+            self._announced = set()
+        check &= self._futures.keys()
+        if not check:
+            return
+        statuses = await self._store.job_status_many(ids=list(check))
+        for uid in check - statuses.keys():
+            self._settle(uid, None)
+        finished = [uid for uid, status in statuses.items() if status.finished]
+        if finished:
+            for job in await self._store.job_get_many(ids=finished):
+                self._settle(job.id, job)
+
+    def _settle(self, uid: uuid.UUID, job: Job | None) -> None:
+        for future in self._futures.pop(uid, []):
+            if future.done():
+                continue
+            if job is None:
+                future.set_exception(JobNotFound(uid))
+            else:
+                future.set_result(job)
