@@ -21,6 +21,7 @@ from pgfleet._runtime.claimer import ClaimLoop
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import RunStats
 from pgfleet.db.deadlines import BoundedPool
+from pgfleet.db.translate import ROUND_COLUMNS
 from pgfleet.db.types import Record
 from pgfleet.events import WorkerEvents
 from pgfleet.testing import make_job
@@ -243,7 +244,7 @@ class FakeDatabase:
         for id_, action, error in zip(call.ids, call.actions, call.errors, strict=True):
             self.written[id_] = action
             self.errors[id_] = error
-            rows.append((False, None, id_, *([None] * 13)))
+            rows.append((False, None, id_, *([None] * (len(ROUND_COLUMNS) - 3))))
         for index in range(min(call.limit, len(self.queue))):
             rows.append(claimed_row(self.queue.popleft(), held=index >= call.start))
         return rows
@@ -255,7 +256,7 @@ def claimed_row(job: Job, *, held: bool) -> Row:
         True, held, job.id, job.name, json.dumps(job.payload), job.attempt, job.max_attempts,
         job.priority, job.queue_name, job.job_key, job.run_at.timestamp(),
         job.created_at.timestamp(), job.created_at.timestamp(), job.last_error, job.lock_token,
-        None,
+        None, job.snoozes,
     )  # fmt: skip
 
 
