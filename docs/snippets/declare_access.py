@@ -9,9 +9,9 @@ from pgfleet.service.credentials import Access, requires
 class MyJobsApi(JobsApi):
     def application(self) -> web.Application:
         app = super().application()
-        app.router.add_get("/limits", self.limits)
+        app.router.add_get("/quotas", self.quotas)
         return app
 
     @requires(Access.OBSERVE)  # viewers and operators; a producer gets 403
-    async def limits(self, request: web.Request) -> web.Response:
-        return web.json_response({"limits": []})
+    async def quotas(self, request: web.Request) -> web.Response:
+        return web.json_response({"quotas": []})

@@ -303,7 +303,7 @@ async def test_a_new_endpoint_gets_the_access_it_declares() -> None:
     async with TestClient(TestServer(api.application())) as client:
         for token, status in ((None, 401), (producer, 403), (viewer, 200)):
             headers = {"Authorization": f"Bearer {token}"} if token else {}
-            async with client.get("/limits", headers=headers) as resp:
+            async with client.get("/quotas", headers=headers) as resp:
                 assert resp.status == status, token
 
 
