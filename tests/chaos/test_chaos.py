@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import signal
 import time
 from collections.abc import Callable, Coroutine
@@ -601,5 +602,94 @@ async def _workflow(cluster: PrivateCluster, tmp_path: Path) -> Row:
     if any(c != 0 for c in codes):
         problems.append(f"final SIGTERM exit codes {codes}")
     row.verdict = "FAIL" if failed else "ok"
+    row.notes = problems
+    return row
+
+
+def test_batch_callback_once_across_a_postgres_restart(
+    chaos_cluster: PrivateCluster, chaos_results: harness.Results, tmp_path: Path
+) -> None:
+    row = asyncio.run(_batch_restart(chaos_cluster, tmp_path))
+    _keep(chaos_results, "batch-restart", row, tmp_path)
+    assert row.verdict == "ok", "\n".join(row.notes)
+
+
+async def fault_restart_only(run: Run) -> None:
+    await asyncio.to_thread(run.cluster.restart, "fast")
+    run.healed_at = time.monotonic()
+
+
+async def _batch_restart(cluster: PrivateCluster, tmp_path: Path) -> Row:
+    """A batch of the profile's job count with a callback, Postgres restarted once a
+    third of it finished: every member succeeded and ran, the callback's row is the
+    only one added, it became due with the whole batch's outcome and ran once, after
+    every member's run had ended."""
+    p = PROFILE
+    row = Row("batch with a callback, Postgres restart (fast)")
+    database = await conftest.new_database(cluster)
+    opts = EnqueueOptions(max_attempts=25)
+    work = {"ms": p.job_ms}
+    async with Run(cluster, database, tmp_path, p) as run:
+        await run.start_workers(p.workers)
+        pool = await asyncpg.create_pool(run.direct_dsn, min_size=1, max_size=2)
+        try:
+            batch_id, member_ids = await pgfleet.Queue(pool).enqueue_batch(
+                [EnqueueRequest("work", work, opts) for _ in range(p.jobs)],
+                callback=EnqueueRequest("work", {"ms": 1}, opts),
+            )
+        finally:
+            await pool.close()
+        members = {str(i) for i in member_ids}
+        callback = str(batch_id)
+        total = len(members) + 1
+        drain = await harness.drain_under_fault(run, total, fault_restart_only, total // 3)
+        live = run.live_workers()
+        codes = await harness.stop_workers(run, live)
+        tally = await run.monitor.fetch(
+            "SELECT count(*) AS rows, "
+            "count(*) FILTER (WHERE status = 'succeeded') AS done FROM pgfleet.jobs"
+        )
+        outcome = await run.monitor.fetch(
+            "SELECT payload->'batch' AS batch FROM pgfleet.jobs WHERE id = $1", batch_id
+        )
+        starts = run.executions()
+        ends: dict[str, float] = {}
+        for f in run.runs_dir.glob("runs-*.log"):
+            for line in f.read_text().splitlines():
+                parts = line.split()
+                if len(parts) == 5 and parts[0] == "E":
+                    ends[parts[1]] = max(ends.get(parts[1], 0.0), float(parts[4]))
+    problems = list(run.notes)
+    assert tally is not None
+    row.finished = f"{tally[0]['done']}/{total}"
+    row.lost = int(tally[0]["rows"]) - int(tally[0]["done"])
+    row.drain_s = drain.drain_s
+    row.recover_s = drain.recover_s
+    row.ran_twice = sum(1 for r in starts.values() if len(r) > 1)
+    never_ran = members - set(starts)
+    callback_runs = starts.get(callback, [])
+    last_member_end = max((ends.get(m, float("inf")) for m in members), default=float("inf"))
+    raw = outcome[0]["batch"] if outcome else None
+    batch = json.loads(raw) if isinstance(raw, str) else raw
+    if run.fault_started is None or run.healed_at is None:
+        problems.append("the restart never happened")
+    if drain.stalled:
+        problems.append(f"STALLED: {drain.stalled}")
+    if row.lost:
+        problems.append(f"LOST {row.lost} jobs")
+    if int(tally[0]["rows"]) != total:
+        problems.append(f"{tally[0]['rows']} job rows, {total} enqueued")
+    if never_ran:
+        problems.append(f"{len(never_ran)} members never ran")
+    if len(callback_runs) != 1:
+        problems.append(f"the callback ran {len(callback_runs)} times: {callback_runs}")
+    elif callback_runs[0][0] < last_member_end:
+        problems.append("the callback started before every member's run had ended")
+    want = {"size": p.jobs, "succeeded": p.jobs, "failed": 0, "cancelled": 0}
+    if not isinstance(batch, dict) or {k: batch.get(k) for k in want} != want:
+        problems.append(f"the callback's batch outcome is {batch}, not {want}")
+    if any(c != 0 for c in codes):
+        problems.append(f"final SIGTERM exit codes {codes}")
+    row.verdict = "FAIL" if problems[len(run.notes) :] else "ok"
     row.notes = problems
     return row

@@ -13,6 +13,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
@@ -31,7 +32,14 @@ class _FakeConnection:
     def __init__(self, worker: StandInWorker) -> None:
         self.worker = worker
 
-    async def fetch(self, _sql: str) -> list[dict[str, Any]]:
+    async def fetch(self, sql: str) -> list[dict[str, Any]]:
+        # Told apart by what each statement reads: parents, limits, pauses, else stats.
+        if "waiting_on > 0" in sql:
+            return self.worker.parent_rows()
+        if "limit_starts" in sql:
+            return self.worker.limit_rows()
+        if "queue_pauses" in sql:
+            return self.worker.pause_rows()
         return self.worker.queue_rows()
 
     async def fetchval(self, sql: str, *_args: Any) -> int | bool:
@@ -85,6 +93,19 @@ class StandInWorker:
             }
             for i, kind in enumerate(REFERENCE_JOB_NAMES)
         ]
+
+    def limit_rows(self) -> list[dict[str, Any]]:
+        return [
+            {"name": "reports", "reason": "paused", "n": 3},
+            {"name": "thumbnails", "reason": "concurrency", "n": 2 + self.ticks % 3},
+        ]
+
+    def pause_rows(self) -> list[dict[str, Any]]:
+        since = datetime.now(UTC) - timedelta(seconds=60 + self.ticks)
+        return [{"kind": "name", "name": "reports", "paused_at": since}]
+
+    def parent_rows(self) -> list[dict[str, Any]]:
+        return [{"name": "noop", "waiting": 100 - self.ticks % 100}, {"name": "cpu", "waiting": 1}]
 
     def advance(self) -> None:
         self.ticks += 1

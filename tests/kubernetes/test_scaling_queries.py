@@ -69,7 +69,7 @@ async def seed_backlog(pool: asyncpg.Pool) -> tuple[int, int, datetime]:
     due.append(await at("sleep", 125.5, priority=3))
     due.append(await at("cpu", 5, priority=10))
     # Not due: scheduled later, including the head of a priority of its own.
-    await at("noop", -600, priority=-5)
+    later = await at("noop", -600, priority=-5)
     await at("noop", -30)
     await at("sleep", -3600, priority=3)
     # Running (claimed by workers): count as busy slots, never as waiting.
@@ -81,6 +81,15 @@ async def seed_backlog(pool: asyncpg.Pool) -> tuple[int, int, datetime]:
     held = await at("noop", 700)
     await put_in_state(pool, held, "running")
     await pool.execute("UPDATE pgfleet.jobs SET started_at = NULL WHERE id = $1", held)
+    # Waiting on a parent that has not run (workflows): never due, however old its
+    # run_at, so neither a slot nor the oldest age, until the parent succeeds.
+    for name in ("noop", "send_email"):
+        await queue.enqueue(
+            name,
+            {},
+            options=EnqueueOptions(run_at=now - timedelta(hours=1), after=[later]),
+        )
+    assert await pool.fetchval("SELECT count(*) FROM pgfleet.jobs WHERE status = 'waiting'") == 2
     # Finished and dead: neither.
     for status in ("succeeded", "failed", "cancelled"):
         await put_in_state(pool, await at("noop", 7200), status)
