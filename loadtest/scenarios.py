@@ -228,7 +228,7 @@ async def _contention_point(
 ) -> dict[str, Any]:
     name = f"{user}-{mode}-b{batch}-p{producers}"
     if ctx.native:
-        await conn.execute("TRUNCATE pgfleet.jobs")
+        await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
     t0 = await sampling.db_now(conn)
     cpu = sampling.CpuMeter() if ctx.cpu else None
     if cpu is not None:
@@ -291,7 +291,7 @@ async def _drain_point(
 ) -> dict[str, Any]:
     assert ctx.dsn is not None
     name = f"load-w{processes}-c{concurrency}"
-    await conn.execute("TRUNCATE pgfleet.jobs")
+    await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
     await conn.execute("DELETE FROM pgfleet.workers")
     load = await run_locust(
         ctx.procs,
@@ -392,7 +392,7 @@ async def _steady_point(
         run = await _locust_http(ctx, name, "steady", url, p.users, p.seconds, options)
         return point | {"locust_exit": run.returncode}
     if ctx.native:
-        await conn.execute("TRUNCATE pgfleet.jobs")
+        await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
     t0 = await sampling.db_now(conn)
     async with sampling.Sampler(ctx.dsn, p.sample_interval) as sampler:
         run = await _locust_http(ctx, name, "steady", url, p.users, p.seconds, options)
@@ -430,7 +430,7 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         # since its deletions count them as done.
         conn = await _connect(ctx)
         try:
-            await conn.execute("TRUNCATE pgfleet.jobs")
+            await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
         finally:
             await conn.close()
     stoppable, url = await _fleet(

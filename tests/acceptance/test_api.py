@@ -279,7 +279,7 @@ async def test_a_failing_job_retries_and_ends_failed_with_its_attempts(
     assert refused.body["detail"] == {
         "id": dead["id"],
         "status": "failed",
-        "allowed": ["queued", "running"],
+        "allowed": ["queued", "waiting", "running"],
     }
     refused = await call(http, "POST", f"{api.url}/jobs/{ok['id']}/retry", json={})
     assert refused.status == 409

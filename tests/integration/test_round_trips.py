@@ -132,7 +132,7 @@ async def _stale_statistics_after_truncate(conn: asyncpg.Connection) -> None:
         "SELECT gen_random_uuid(), 'noop', '{}', 25 FROM generate_series(1, 150000)"
     )
     await conn.execute("ANALYZE pgfleet.jobs")
-    await conn.execute("TRUNCATE pgfleet.jobs")
+    await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
     await conn.execute(
         "INSERT INTO pgfleet.jobs (id, name, payload, status, attempt, max_attempts, "
         "started_at, finished_at) SELECT gen_random_uuid(), 'noop', '{}', 'succeeded', 1, 25, "

@@ -95,7 +95,7 @@ async def _bare_psycopg_async(dsn: str, n: int) -> float:
 async def _empty(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("TRUNCATE pgfleet.jobs")
+        await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
         await conn.execute("VACUUM ANALYZE pgfleet.jobs")
     finally:
         await conn.close()
