@@ -60,7 +60,7 @@ class InvalidJobState(PgfleetError):
     def __init__(self, job_id: Any, operation: str, status: str, allowed: tuple[str, ...]):
         super().__init__(
             f"cannot {operation} job {job_id}: it is {status}, and {operation} "
-            f"applies only to {' or '.join(allowed)} jobs"
+            f"applies only to {_either(allowed)} jobs"
         )
         self.job_id = job_id
         self.operation = operation
@@ -110,3 +110,8 @@ class Snooze(Exception):  # a request, not an error: raise pgfleet.Snooze(90)
             raise ValueError(f"Snooze delay must be 0 to 100 years of seconds, got {delay!r}")
         super().__init__(f"snoozed for {float(seconds):g}s")
         self.delay = float(seconds)
+
+
+def _either(words: tuple[str, ...]) -> str:
+    """``a``, ``a or b``, ``a, b or c``."""
+    return " or ".join(words) if len(words) < 3 else f"{', '.join(words[:-1])} or {words[-1]}"

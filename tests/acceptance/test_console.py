@@ -428,7 +428,7 @@ async def test_bad_input_and_refused_actions_get_a_page_naming_the_problem(
                 "cancel",
                 dict[str, str](),
                 409,
-                "it is failed, and cancel applies only to queued or running jobs",
+                "it is failed, and cancel applies only to queued, waiting or running jobs",
             ),
             ("reschedule", dict[str, str](), 409, "reschedule applies only to queued jobs"),
             ("fail", dict[str, str](), 409, "applies only to queued or running jobs"),

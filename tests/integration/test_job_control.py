@@ -383,7 +383,7 @@ async def test_a_finished_job_cannot_be_cancelled(pool: asyncpg.Pool) -> None:
     async with running_worker(pool, registry, QUICK):
         job_id = await queue.enqueue("quick", None)
         await queue.wait(job_id, timeout=30)
-    with pytest.raises(InvalidJobState, match="queued or running"):
+    with pytest.raises(InvalidJobState, match="queued, waiting or running"):
         await queue.cancel(job_id)
 
 

@@ -112,7 +112,7 @@ def sql(query: str, backend: Backend, *params: Any) -> Any:
 
 def empty(backends: list[Backend]) -> None:
     for backend in backends:
-        sql("TRUNCATE {}", backend)
+        sql("TRUNCATE {} CASCADE", backend)  # pgfleet's dependency edges reference its jobs
         sql("VACUUM ANALYZE {}", backend)
 
 

@@ -97,7 +97,9 @@ STALE_FILL_PGQUEUER = (
     "INSERT INTO pgqueuer (priority, entrypoint, payload, status) "
     "SELECT 0, 'noop', NULL, 'queued' FROM generate_series(1, $1)"
 )
-RESET = "TRUNCATE bench_raw.jobs, pgfleet.jobs, pgfleet.job_dependencies; DELETE FROM pgfleet.workers"
+RESET = (
+    "TRUNCATE bench_raw.jobs, pgfleet.jobs, pgfleet.job_dependencies; DELETE FROM pgfleet.workers"
+)
 ANALYZE_PGFLEET = "ANALYZE pgfleet.jobs"
 ANALYZE_PGQUEUER = "ANALYZE pgqueuer"
 ANALYZE_RAW = "ANALYZE bench_raw.jobs"

@@ -22,7 +22,8 @@ CREATE INDEX IF NOT EXISTS jobs_ready ON bench_raw.jobs (priority, run_at, id)
 """
 
 RESET = (
-    "TRUNCATE bench_raw.jobs, pgfleet.jobs, pgfleet.job_dependencies; DELETE FROM pgfleet.workers; DELETE FROM pgfleet.leader"
+    "TRUNCATE bench_raw.jobs, pgfleet.jobs, pgfleet.job_dependencies; "
+    "DELETE FROM pgfleet.workers; DELETE FROM pgfleet.leader"
 )
 
 RAW_INSERT_ONE = "INSERT INTO bench_raw.jobs (kind, payload) VALUES ('noop', $1::jsonb)"
