@@ -25,8 +25,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
+from pgfleet import EnqueueOptions, Queue
 from tests.fleet.support import (
     ALERTS_SHORT,
     REFERENCE_JOB_NAMES,
@@ -40,6 +42,9 @@ from tests.fleet.support import (
 )
 from tests.procs import Proc, alive, cmdline, descendants, eventually, free_ports
 from tools.fleet import FleetConfig, FleetError, NativeFleet, Ports
+
+#: A job name no worker serves, paused for the test.
+PARKED = "fleet_parked"
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +99,19 @@ async def backlog_alerts(prom: Prometheus) -> list[dict[str, Any]]:
     return [a for a in body["data"]["alerts"] if a["labels"]["alertname"] == BACKLOG_ALERT]
 
 
+async def _park_waiting_work(database: str) -> None:
+    """A job of a paused name and a child waiting on it: series for the panels of
+    jobs waiting on limits, pauses and parents."""
+    pool = await asyncpg.create_pool(database, min_size=1, max_size=2)
+    try:
+        queue = Queue(pool)
+        await queue.pause(PARKED)
+        parent = await queue.enqueue(PARKED, {})
+        await queue.enqueue(PARKED, {}, options=EnqueueOptions(after=[parent]))
+    finally:
+        await pool.close()
+
+
 @pytest.mark.timeout(900)
 async def test_native_fleet_serves_every_panel_and_alerts_on_a_stopped_fleet(
     database: str, tmp_path: Path
@@ -126,6 +144,10 @@ async def test_native_fleet_serves_every_panel_and_alerts_on_a_stopped_fleet(
             DEADLINE,
             "Prometheus to scrape 3 workers and the API",
         )
+
+        # Work that waits, for the panels of what waits: a paused name with a due
+        # job, and a job waiting on it as its parent (a name no worker serves).
+        await _park_waiting_work(database)
 
         # The core panels show every reference kind once the fleet has worked.
         for title, expr in panel_queries():

@@ -419,7 +419,7 @@ async def test_off_mode_and_scheduled_jobs_do_not_notify(pool: asyncpg.Pool, dat
     async with listening(database) as listener:
         await off.enqueue("quiet", {})
         await off.enqueue_many([EnqueueRequest("quiet", {})])
-        await coalesced.enqueue("later", {}, options=EnqueueOptions(delay=60))
+        await coalesced.enqueue("later", {}, options=EnqueueOptions(delay=3600))
         await coalesced.flush_notifications()
         assert await notifications_before_marker(listener, pool) == 0
     assert await job_count(pool) == 3
