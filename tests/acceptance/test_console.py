@@ -172,7 +172,7 @@ async def test_operator_finds_a_dead_job_retries_it_and_watches_it_succeed(
     await page.wait_for_url(re.compile(str(target)))
     assert await page.locator(".badge.failed").first.inner_text() == "dead"
     # The error and the payload hold <script>: both render as text, neither runs.
-    assert await page.locator("pre.error-text").inner_text() == f"PermanentError: {REFUSAL}"
+    assert await page.locator("pre.error-text").first.inner_text() == f"PermanentError: {REFUSAL}"
     assert await page.locator("#payload").count() == 0  # behind a click
     await page.click("#show-payload")
     assert (
