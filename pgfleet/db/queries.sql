@@ -10,14 +10,15 @@
 
 -- name: job_insert :exec
 -- $9: the enqueue's trace context (JSON text), or NULL; $10: the limit key.
+-- limited: the job is under flow control (a limit key, a named queue: 0009, or a
+-- name with a limit or a pause); a trigger sets it for a named queue's job as well.
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
                           trace_context, limit_key, limited)
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
         COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
         $10::text,
-        $10::text IS NOT NULL OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text)
-        OR ($6::text IS NOT NULL
-            AND EXISTS (SELECT 1 FROM pgfleet.queue_pauses q WHERE q.queue_name = $6::text)));
+        $10::text IS NOT NULL OR $6::text IS NOT NULL
+        OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text));
 
 -- name: job_insert_notify :exec
 -- The wakeup rides in the RETURNING list: queued only if the row was inserted, and
@@ -27,9 +28,8 @@ INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name,
 VALUES ($1, $2::text, $3::text::jsonb, $4, $5::integer, $6::text,
         COALESCE($7::timestamptz, now() + make_interval(secs => $8::float8)), $9::text::jsonb,
         $10::text,
-        $10::text IS NOT NULL OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text)
-        OR ($6::text IS NOT NULL
-            AND EXISTS (SELECT 1 FROM pgfleet.queue_pauses q WHERE q.queue_name = $6::text)))
+        $10::text IS NOT NULL OR $6::text IS NOT NULL
+        OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = $2::text))
 RETURNING pg_notify('pgfleet_jobs', '');
 
 -- name: job_insert_plain :exec
@@ -59,8 +59,8 @@ INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name,
                           trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name,
        COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb, limit_key,
-       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
-       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
+       limit_key IS NOT NULL OR queue_name IS NOT NULL
+       OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::timestamptz[], $8::float8[], $10::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay, limit_key);
@@ -73,8 +73,8 @@ INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name,
                           trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
        COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
-       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
-       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
+       limit_key IS NOT NULL OR queue_name IS NOT NULL
+       OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
@@ -89,8 +89,8 @@ INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name,
                           trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
        COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
-       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
-       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
+       limit_key IS NOT NULL OR queue_name IS NOT NULL
+       OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
@@ -109,8 +109,8 @@ INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name,
                           trace_context, limit_key, limited)
 SELECT id, name, payload::jsonb, priority, max_attempts, queue_name, job_key,
        COALESCE(run_at, now() + make_interval(secs => delay)), $10::text::jsonb, limit_key,
-       limit_key IS NOT NULL OR name IN (SELECT l.name FROM pgfleet.limits l)
-       OR queue_name IN (SELECT q.queue_name FROM pgfleet.queue_pauses q)
+       limit_key IS NOT NULL OR queue_name IS NOT NULL
+       OR name IN (SELECT l.name FROM pgfleet.limits l)
 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
             $7::text[], $8::timestamptz[], $9::float8[], $11::text[])
      AS t(id, name, payload, priority, max_attempts, queue_name, job_key, run_at, delay,
@@ -485,8 +485,8 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 -- keeps its new state; $12: seconds since the handler started, for a held job that
 -- no round marked started; $13: a succeeded handler's result, JSON text), mark started the held jobs ($11) the worker started
 -- since its last round, and claim up to $9 due jobs this worker serves, in priority then
--- run_at order, at most one per named queue and only when that queue has no
--- running job. The first $10 claimed start now; the rest are held ahead (prefetch)
+-- run_at order (a named queue's jobs, one at a time, through claim_flow with the
+-- other flagged jobs). The first $10 claimed start now; the rest are held ahead (prefetch)
 -- and keep started_at NULL until a later round marks them: a rescue tells a job
 -- that never started from one that did. Returns the applied outcomes (claimed =
 -- false) and the claimed jobs.
@@ -567,25 +567,21 @@ WITH outcome AS (
            OR EXISTS (SELECT 1 FROM pgfleet.jobs k
                       WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]))
                AS flow,
-           EXISTS (SELECT 1 FROM pgfleet.queue_pauses)
-           OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL) AS pauses
+           EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL) AS pauses
 ), flow AS MATERIALIZED (
-    -- Names with a limit or flagged (keyed) jobs are claimed by claim_flow first (a
-    -- rate-limited name's only to start now, never held ahead).
-    SELECT f.* FROM pgfleet.claim_flow($6, $7::text[], $8::text[], $9, $10) f
+    -- Names with a limit or flagged jobs (keyed, or in a named queue: 0009) are
+    -- claimed by claim_flow first (a rate-limited name's only to start now, never
+    -- held ahead; a named queue's one at a time, and none whose job this round
+    -- finishes: that queue goes to whoever claims first after this commits).
+    SELECT f.* FROM pgfleet.claim_flow($6, $7::text[], $8::text[], $9, $10, $1::uuid[]) f
     WHERE (SELECT g.flow FROM gate g)
 ), held_back AS MATERIALIZED (
     -- What the fast path leaves alone besides flagged jobs: paused names (a job
-    -- enqueued as the pause began may be unflagged), paused queues and the queues
-    -- claim_flow just took a job of; and how many jobs claim_flow claimed.
+    -- enqueued as the pause began may be unflagged); and how many jobs claim_flow
+    -- claimed.
     SELECT CASE WHEN (SELECT g.pauses FROM gate g)
                 THEN ARRAY (SELECT l.name FROM pgfleet.limits l WHERE l.paused_at IS NOT NULL)
                 ELSE '{}'::text[] END AS names,
-           CASE WHEN (SELECT g.pauses OR g.flow FROM gate g)
-                THEN ARRAY (SELECT q.queue_name FROM pgfleet.queue_pauses q
-                            UNION ALL
-                            SELECT f.queue_name FROM flow f WHERE f.queue_name IS NOT NULL)
-                ELSE '{}'::text[] END AS queues,
            CASE WHEN (SELECT g.flow FROM gate g)
                 THEN (SELECT count(*) FROM flow)::integer ELSE 0 END AS taken,
            CASE WHEN (SELECT g.flow FROM gate g)
@@ -595,9 +591,7 @@ WITH outcome AS (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
     -- hash or merge join over the whole table when the row estimates are stale.
-    -- Only a candidate in a named queue runs the two per-queue lookups, each a
-    -- LIMIT 1 probe of its own partial index (a scalar subquery, never hashed into
-    -- a scan of every running job).
+    -- Jobs of named queues are flagged (0009): claim_flow claims them.
     SELECT ARRAY (
         SELECT c.id FROM pgfleet.jobs c
         WHERE c.status = 'queued' AND c.run_at <= now()
@@ -605,16 +599,6 @@ WITH outcome AS (
           AND ($8::text[] IS NULL OR c.queue_name = ANY($8::text[]))
           AND NOT c.limited
           AND c.name <> ALL ((SELECT h.names FROM held_back h)::text[])
-          AND (c.queue_name IS NULL OR (
-                c.queue_name <> ALL ((SELECT h.queues FROM held_back h)::text[]) AND
-                (SELECT r.id FROM pgfleet.jobs r
-                 WHERE r.queue_name = c.queue_name AND r.status = 'running'
-                 LIMIT 1) IS NULL
-                AND c.id = (SELECT h.id FROM pgfleet.jobs h
-                            WHERE h.queue_name = c.queue_name AND h.status = 'queued'
-                              AND h.run_at <= now()
-                            ORDER BY h.priority, h.run_at, h.id
-                            LIMIT 1)))
         ORDER BY c.priority, c.run_at, c.id
         LIMIT greatest($9 - (SELECT h.taken FROM held_back h), 0)
         FOR UPDATE SKIP LOCKED
@@ -685,7 +669,7 @@ FROM flow f;
 -- name: job_complete_and_claim_lean :many
 -- job_complete_and_claim without flow control's steps, for the rounds of a worker
 -- none of whose names has a limit or flagged jobs (the last round said so): jobs
--- under flow control (flagged: keyed, or of a limited or paused name or queue) are
+-- under flow control (flagged: keyed, in a named queue, or of a limited or paused name) are
 -- left alone, and a row without an id (held false) says when flow control has
 -- appeared, so that the next round is a full one. Saves the full statement's
 -- per-round cost where nothing is limited.
@@ -761,24 +745,13 @@ WITH outcome AS (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
     -- hash or merge join over the whole table when the row estimates are stale.
-    -- Only a candidate in a named queue runs the two per-queue lookups, each a
-    -- LIMIT 1 probe of its own partial index (a scalar subquery, never hashed into
-    -- a scan of every running job).
+    -- Jobs of named queues are flagged (0009): claim_flow claims them.
     SELECT ARRAY (
         SELECT c.id FROM pgfleet.jobs c
         WHERE c.status = 'queued' AND c.run_at <= now()
           AND c.name = ANY($7::text[])
           AND NOT c.limited
           AND ($8::text[] IS NULL OR c.queue_name = ANY($8::text[]))
-          AND (c.queue_name IS NULL OR (
-                (SELECT r.id FROM pgfleet.jobs r
-                 WHERE r.queue_name = c.queue_name AND r.status = 'running'
-                 LIMIT 1) IS NULL
-                AND c.id = (SELECT h.id FROM pgfleet.jobs h
-                            WHERE h.queue_name = c.queue_name AND h.status = 'queued'
-                              AND h.run_at <= now()
-                            ORDER BY h.priority, h.run_at, h.id
-                            LIMIT 1)))
         ORDER BY c.priority, c.run_at, c.id
         LIMIT $9
         FOR UPDATE SKIP LOCKED

@@ -112,11 +112,12 @@ async def test_operations_accept_string_ids(pool: asyncpg.Pool) -> None:
 async def test_complete_of_a_running_named_queue_job_frees_the_queue(pool: asyncpg.Pool) -> None:
     queue, first = await _job_in(pool, "running", queue_name="serial")
     second = await queue.enqueue("managed", {}, options=EnqueueOptions(queue_name="serial"))
-    # While first runs, the unique index refuses a second running job in that queue.
-    with pytest.raises(asyncpg.UniqueViolationError):
-        await put_in_state(pool, second, "running")
+    # While first runs, the claim takes nothing of that queue (0009: the claim keeps
+    # the rule, no longer a unique index).
+    claim = "SELECT id FROM pgfleet.claim_flow(gen_random_uuid(), '{managed}', NULL, 4, 4)"
+    assert await pool.fetch(claim) == []
     await queue.complete(first)
-    await put_in_state(pool, second, "running")
+    assert [r["id"] for r in await pool.fetch(claim)] == [second]
 
 
 async def test_retry_refuses_when_another_job_holds_the_key(pool: asyncpg.Pool) -> None:

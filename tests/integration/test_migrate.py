@@ -74,6 +74,8 @@ async def test_migrate_builds_the_expected_schema(pool: asyncpg.Pool) -> None:
         "jobs_limited_running",
     ):
         assert " WHERE " in indexes[name], name
+    # A named queue's serial rule is the claim's (0009): the index is a lookup only.
+    assert "UNIQUE" not in indexes["jobs_queue_running"]
     statuses = await pool.fetchval("SELECT enum_range(NULL::pgfleet.job_status)::text")
     assert statuses == "{queued,running,succeeded,failed,cancelled,waiting}"
 
