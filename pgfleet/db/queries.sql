@@ -630,8 +630,9 @@ SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.m
 FROM claimed c
 UNION ALL
 -- The pace of this worker's rate-limited names with due jobs (seconds, in run_at):
--- when the window is full, until its oldest start leaves it; else a fiftieth of
--- the window. The loop polls at least that often, so starts follow the window
+-- when the window is full, until its oldest start leaves it; per key, until the
+-- window of the first full key with due jobs reopens; else a fiftieth of the
+-- window. The loop polls at least that often, so starts follow the window
 -- instead of the poll interval. (This statement's snapshot does not see this
 -- round's starts: a window this round filled shows up in the next round.)
 SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
@@ -640,12 +641,34 @@ FROM (
     SELECT CASE WHEN NOT l.per_key AND st.n >= l.rate
                 THEN greatest(extract(epoch FROM st.oldest + make_interval(secs => l.per)
                                                  - clock_timestamp())::float8, 0.005)
+                WHEN l.per_key AND kt.oldest IS NOT NULL
+                THEN greatest(extract(epoch FROM kt.oldest + make_interval(secs => l.per)
+                                                 - clock_timestamp())::float8, 0.005)
                 ELSE l.per / 50 END AS wait
     FROM pgfleet.limits l
     CROSS JOIN LATERAL (
         SELECT count(*) AS n, min(s.started_at) AS oldest FROM pgfleet.limit_starts s
-        WHERE s.name = l.name AND s.started_at > clock_timestamp() - make_interval(secs => l.per)
+        WHERE NOT l.per_key
+          AND s.name = l.name AND s.started_at > clock_timestamp() - make_interval(secs => l.per)
     ) st
+    CROSS JOIN LATERAL (
+        -- The keys at their rate that have due jobs: the earliest one to reopen.
+        SELECT min(k.oldest) AS oldest FROM (
+            SELECT s.limit_key, min(s.started_at) AS oldest FROM pgfleet.limit_starts s
+            WHERE l.per_key
+              AND s.name = l.name
+              AND s.started_at > clock_timestamp() - make_interval(secs => l.per)
+            GROUP BY s.limit_key
+            HAVING count(*) >= l.rate
+        ) k
+        WHERE CASE WHEN k.limit_key IS NULL
+                   THEN EXISTS (SELECT 1 FROM pgfleet.jobs j
+                                WHERE j.status = 'queued' AND j.limited AND j.name = l.name
+                                  AND j.limit_key IS NULL AND j.run_at <= now())
+                   ELSE EXISTS (SELECT 1 FROM pgfleet.jobs j
+                                WHERE j.status = 'queued' AND j.limited AND j.name = l.name
+                                  AND j.limit_key = k.limit_key AND j.run_at <= now()) END
+    ) kt
     WHERE (SELECT g.flow FROM gate g)
       AND l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
       AND EXISTS (SELECT 1 FROM pgfleet.jobs j

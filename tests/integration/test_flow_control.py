@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import math
+import uuid
 from typing import Any
 
 import asyncpg
@@ -458,3 +459,85 @@ async def test_a_job_written_with_a_queue_name_by_hand_is_flagged(pool: asyncpg.
         "VALUES (gen_random_uuid(), 'old', '{}', 3) RETURNING limited"
     )
     assert plain is False
+
+
+# ---------------------------------------------------------------- per-key rate pace
+
+
+async def _round(pool: asyncpg.Pool, name: str, limit: int) -> list[Any]:
+    """One full claim round of a worker serving ``name`` (nothing else claims)."""
+    from pgfleet.db.store import Store
+
+    async with pool.acquire() as conn:
+        return await Store(conn).job_complete_and_claim(
+            ids=[], tokens=[], actions=[], delays=[], errors=[], ran=[], results=[],
+            worker_id=uuid.uuid4(), job_names=[name], queue_names=None,
+            limit=limit, start=limit, started=[],
+        )  # fmt: skip
+
+
+async def test_a_per_key_rate_paces_the_loop_to_the_first_full_key_that_reopens(
+    pool: asyncpg.Pool,
+) -> None:
+    from pgfleet.db.translate import claimed_count, flow_pace
+
+    queue = Queue(pool)
+    await queue.set_limits("sms", rate=1, per=30, per_key=True)
+    for key in ("a", "c", "d"):
+        await queue.enqueue("sms", {}, options=EnqueueOptions(limit_key=key))
+    rows = await _round(pool, "sms", 8)
+    assert claimed_count(rows) == 3  # one start per key fills each key's window
+    await queue.enqueue("sms", {}, options=EnqueueOptions(limit_key="a"))
+    await queue.enqueue("sms", {}, options=EnqueueOptions(limit_key="c"))
+    # Their starts, moved back: "a" reopens in 10 s, "c" in 25 s; "d" in 1 s, but
+    # it has no due job left, so it is not waited for.
+    await pool.execute(
+        "UPDATE pgfleet.limit_starts SET started_at = now() - make_interval(secs => CASE "
+        "limit_key WHEN 'a' THEN 20 WHEN 'c' THEN 5 ELSE 29 END)"
+    )
+    rows = await _round(pool, "sms", 8)
+    assert claimed_count(rows) == 0
+    pace = flow_pace(rows)
+    assert pace is not None and 8.0 < pace <= 10.0  # not a fiftieth of the window (0.6 s)
+    # No full key with due jobs: a fiftieth of the window, as for a rate per name.
+    await pool.execute("DELETE FROM pgfleet.limit_starts WHERE limit_key <> 'd'")
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET run_at = now() + interval '1 hour' WHERE status = 'queued'"
+    )
+    await queue.enqueue("sms", {}, options=EnqueueOptions(limit_key="e"))
+    rows = await _round(pool, "sms", 0)
+    assert flow_pace(rows) == pytest.approx(0.6)
+
+
+async def test_a_per_key_rate_holds_for_each_key_in_every_window_and_over_the_run(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    await queue.set_limits("sms", rate=10, per=1, per_key=True)
+    for key in ("a", "b", "c"):
+        await queue.enqueue_many(
+            [EnqueueRequest("sms", {}, EnqueueOptions(limit_key=key)) for _ in range(30)]
+        )
+    registry = _registry("sms")
+    recorder = Recorder()
+    async with running_worker(pool, registry, WorkerConfig(concurrency=16, **FAST), recorder):
+        await recorder.until(lambda: len(recorder.finished) == 90)
+    # Per key: every window of one second that opens at an attempt start holds at
+    # most 10, and past the first window each start waits for the start 10 before
+    # it to leave the window (the loop wakes when a key's window reopens).
+    rows = await pool.fetch(
+        """SELECT k.limit_key,
+                  (SELECT max((SELECT count(*) FROM pgfleet.jobs j2
+                               WHERE j2.limit_key = k.limit_key
+                                 AND j2.started_at >= j1.started_at
+                                 AND j2.started_at < j1.started_at + interval '1 second'))
+                   FROM pgfleet.jobs j1 WHERE j1.limit_key = k.limit_key) AS busiest,
+                  (SELECT avg(w)::float8 FROM (
+                       SELECT extract(epoch FROM started_at - lag(started_at, 10)
+                                      OVER (ORDER BY started_at)) AS w
+                       FROM pgfleet.jobs WHERE limit_key = k.limit_key) waits) AS mean_wait
+           FROM (VALUES ('a'), ('b'), ('c')) AS k(limit_key)"""
+    )
+    for row in rows:
+        assert row["busiest"] == 10, row
+        assert 9 <= 10 / row["mean_wait"] <= 11, row
