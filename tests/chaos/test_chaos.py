@@ -314,6 +314,108 @@ async def _probe_every_worker(run: Run, live: list[Proc], done_before: int) -> l
     return [w.pid for w in live if w.pid not in ran]
 
 
+# --- a limited name ------------------------------------------------------------------
+
+#: The concurrency limit of the limited-name scenarios (below the fleet's 48 slots).
+LIMIT = 8
+
+
+@pytest.mark.parametrize("name", ["sigkill", "partition"])
+def test_limited_name_under_fault(
+    name: str,
+    chaos_cluster: PrivateCluster,
+    chaos_results: harness.Results,
+    tmp_path: Path,
+) -> None:
+    row = asyncio.run(_limited(SCENARIOS[name], chaos_cluster, tmp_path))
+    _keep(chaos_results, f"limited-{name}", row, tmp_path)
+    assert row.verdict == "ok", "\n".join(row.notes)
+
+
+async def _limited(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
+    """A name limited to ``LIMIT`` at once drains under the fault: nothing lost, and
+    its running jobs, sampled from Postgres every 20 ms from outside the workers,
+    never more than the limit (a killed or partitioned worker's jobs keep counting
+    until the rescue gives them back)."""
+    p = PROFILE
+    total = p.jobs // 2
+    row = Row(f"concurrency={LIMIT} name, {scn.label}")
+    database = await conftest.new_database(cluster)
+    async with Run(cluster, database, tmp_path, p) as run:
+        pool = await asyncpg.create_pool(run.direct_dsn, min_size=1, max_size=2)
+        try:
+            await pgfleet.Queue(pool).set_limits("work", concurrency=LIMIT)
+        finally:
+            await pool.close()
+        await run.start_workers(p.workers)
+        enqueued = await run.enqueue(run.work_requests(total))
+        ids = {str(i) for i in enqueued}
+        stop = asyncio.Event()
+        seen: list[int] = []
+
+        async def sample() -> None:
+            conn = await asyncpg.connect(run.direct_dsn)
+            try:
+                while not stop.is_set():
+                    seen.append(
+                        await conn.fetchval(
+                            "SELECT count(*) FROM pgfleet.jobs "
+                            "WHERE name = 'work' AND status = 'running'"
+                        )
+                    )
+                    await asyncio.sleep(0.02)
+            finally:
+                await conn.close()
+
+        sampler = asyncio.create_task(sample())
+        try:
+            drain = await harness.drain_under_fault(run, total, scn.fault, total // 3)
+            await run.victim_done()
+        finally:
+            stop.set()
+            await sampler
+        live = run.live_workers()
+        codes = await harness.stop_workers(run, live)
+        tally = await run.monitor.fetch(
+            "SELECT count(*) FILTER (WHERE status = 'succeeded' AND id = ANY($1)) AS drained, "
+            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs",
+            enqueued,
+        )
+        executions = run.executions()
+    problems = list(run.notes)
+    assert tally is not None, "the database did not answer after the run"
+    row.finished = f"{tally[0]['drained']}/{total}"
+    row.lost = int(tally[0]["lost"])
+    row.drain_s = drain.drain_s
+    row.recover_s = drain.recover_s
+    row.ran_twice = sum(1 for r in executions.values() if len(r) > 1)
+    peak = max(seen, default=0)
+    problems.append(f"running at once: at most {peak} in {len(seen)} samples (limit {LIMIT})")
+    never_ran = ids - set(executions)
+    if drain.stalled:
+        problems.append(f"STALLED: {drain.stalled}")
+    if row.lost:
+        problems.append(f"LOST {row.lost} jobs")
+    if never_ran and not drain.stalled:
+        problems.append(f"{len(never_ran)} jobs never ran")
+    if peak > LIMIT:
+        problems.append(f"OVER THE LIMIT: {peak} running at once")
+    if peak < LIMIT:
+        problems.append(f"the limit was never reached ({peak}): the scenario tested nothing")
+    if any(c != 0 for c in codes):
+        problems.append(f"final SIGTERM exit codes {codes}")
+    failed = bool(
+        drain.stalled
+        or row.lost
+        or (never_ran and not drain.stalled)
+        or peak != LIMIT
+        or any(c != 0 for c in codes)
+    )
+    row.verdict = "FAIL" if failed else "ok"
+    row.notes = problems
+    return row
+
+
 # --- poison outcomes -----------------------------------------------------------------
 
 
