@@ -63,6 +63,7 @@ async def test_peer_comparison_runs_and_reports_the_criteria(
         "drain c1",
         "drain c16",
         "drain c64",
+        "drain limit4 c16",
         "pickup plain",
         "pickup stale",
     }

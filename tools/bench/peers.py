@@ -17,8 +17,9 @@ contender pay the same full-page images, and each queue is analysed after its fi
 Contenders (``--contenders``, any of): ``pgfleet``, ``pgqueuer``, ``raw``,
 ``graphile-default``, ``graphile-batched`` (``graphile``: both; ``all``: every one).
 Phases (``--phases``): ``enqueue-single``, ``enqueue-batch``, ``drain-c1``,
-``drain-c16``, ``drain-c64``, ``latency-plain``, ``latency-stale`` (``enqueue``,
-``drain``, ``latency``: their group; ``all``). Settings, per row:
+``drain-c16``, ``drain-c64``, ``drain-limit``, ``latency-plain``, ``latency-stale``
+(``enqueue``, ``drain``, ``latency``: their group, ``drain-limit`` in none;
+``all``). Settings, per row:
 - single enqueue: pgfleet ``Queue.enqueue`` on ``create_pool`` (default wakeups);
   pgqueuer ``Queries.enqueue`` on one connection and on a pool (the faster counts);
   graphile-worker ``WorkerUtils.addJob`` (its ``add_job`` function, the row returned);
@@ -37,6 +38,12 @@ Phases (``--phases``): ``enqueue-single``, ``enqueue-batch``, ``drain-c1``,
   default mode, about a thousand jobs a second here, drains
   ``--graphile-default-drain-total`` jobs, 20,000, as pgqueuer's c1 drains 3,000); raw SQL:
   claim-1000-then-complete on 2 connections (sol.py's drain loop).
+- drain of a limited name (``drain-limit``): ``--pgqueuer-drain-total`` no-op jobs
+  of one name limited to 4 at once, 16 slots: pgfleet ``set_limits("noop",
+  concurrency=4)`` (stored in the database, set after the fill, which flags the
+  queued jobs) and a ``Worker`` at concurrency 16; pgqueuer's entrypoint
+  ``concurrency_limit=4`` with ``batch_size=8, max_concurrent_tasks=16`` and with its
+  library defaults (the faster counts).
 - pickup latency at 500 jobs/s (4 paced producers, single-job enqueues, a worker
   process each at concurrency 16): a plain run, and one right after TRUNCATE with
   stale statistics (100,000 queued rows analysed, then truncated).
@@ -77,6 +84,7 @@ PHASES = (
     "drain-c1",
     "drain-c16",
     "drain-c64",
+    "drain-limit",
     "latency-plain",
     "latency-stale",
 )
@@ -451,6 +459,14 @@ PGQUEUER_DRAIN = {
 }
 
 
+#: The concurrency limit of the one name in the drain-limit phase (16 slots).
+LIMITED = 4
+PGQUEUER_LIMITED = [
+    {"concurrency_limit": LIMITED, "batch_size": 8, "max_concurrent_tasks": 16},
+    {"concurrency_limit": LIMITED},
+]
+
+
 @dataclass(frozen=True)
 class DrainCounts:
     """Jobs queued before each drain: every contender drains ``total`` but the slow
@@ -537,8 +553,51 @@ async def drain_round(bench: Bench, counts: DrainCounts, flip: bool = False) -> 
                 todo.append(gw)
             for step in _ordered(todo, flip):
                 await step()
+        if "drain-limit" in bench.phases:
+            await limited_round(bench, pool, counts.pgqueuer, flip)
     finally:
         await pool.close()
+
+
+async def limited_round(bench: Bench, pool: asyncpg.Pool, n: int, flip: bool) -> None:
+    """The same drain of ``n`` no-op jobs of one name limited to ``LIMITED`` at once,
+    16 slots: pgfleet's ``concurrency=`` against pgqueuer's ``concurrency_limit``."""
+    todo: list[Callable[[], Awaitable[None]]] = []
+    if bench.on("pgfleet"):
+
+        async def fleet() -> None:
+            await _reset(bench, pool)
+            queue = Queue(pool)
+            await fb._fill(pool, n)
+            # After the fill: setting the limit flags the queued jobs.
+            await queue.set_limits("noop", concurrency=LIMITED)
+            try:
+                await bench.analyze(pool, ANALYZE_PGFLEET)
+
+                async def run() -> None:
+                    await fb._drain_in_process(pool, 16)
+
+                await bench.measure(f"drain limit{LIMITED} pgfleet", n, run)
+            finally:
+                await queue.clear_limits("noop")
+
+        todo.append(fleet)
+    if bench.on("pgqueuer"):
+        for i, settings in enumerate(PGQUEUER_LIMITED):
+
+            async def peer(s: dict[str, Any] = settings, i: int = i) -> None:
+                await _reset(bench, pool)
+                await _fill_pgqueuer(bench.dsn, n)
+                await bench.analyze(pool, ANALYZE_PGQUEUER)
+
+                async def run() -> None:
+                    await _drain_pgqueuer(bench.dsn, n, dict(s))
+
+                await bench.measure(f"drain limit{LIMITED} pgqueuer #{i}", n, run)
+
+            todo.append(peer)
+    for step in _ordered(todo, flip):
+        await step()
 
 
 # ---------------------------------------------------------------- pickup latency
@@ -708,6 +767,12 @@ def _row_keys(runs: Runs) -> dict[str, dict[str, float]]:
             "graphile-batched": best(f"drain {level} graphile-batched"),
             "raw": best("drain raw claim1000+complete x2") if level == "c64" else None,
         }
+    rows[f"drain limit{LIMITED} c16"] = {
+        "pgfleet": best(f"drain limit{LIMITED} pgfleet"),
+        "pgqueuer": best(
+            *(f"drain limit{LIMITED} pgqueuer #{i}" for i in range(len(PGQUEUER_LIMITED)))
+        ),
+    }
     return {
         name: {k: v for k, v in row.items() if v is not None}
         for name, row in rows.items()
