@@ -14,6 +14,8 @@ from typing import Literal, Self
 Shape = Literal[":one", ":many", ":val", ":exec"]
 
 _HEADER = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s+(:one|:many|:val|:exec)\s*$")
+_FRAGMENT = re.compile(r"^--\s*fragment:\s*([a-z][a-z0-9_]*)\s*$")
+_INCLUDE = re.compile(r"^--\s*include:\s*([a-z][a-z0-9_]*)\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,13 +26,25 @@ class Query:
 
 
 def parse(text: str) -> dict[str, Query]:
-    """Split a file of ``-- name: x :shape`` blocks into queries."""
+    """Split a file of ``-- name: x :shape`` blocks into queries.
+
+    A ``-- fragment: x`` block is text shared by several queries: a line
+    ``-- include: x`` in a query stands for it. Fragments are spliced in here, once,
+    from the file's own text (never from anything given at run time), so every
+    query stays one static string; a fragment must come before the queries that
+    include it, and one that nothing includes is an error (it would drift)."""
     found: dict[str, Query] = {}
+    fragments: dict[str, str] = {}
+    used: set[str] = set()
     name: str | None = None
+    fragment: str | None = None
     shape: Shape = ":exec"
     lines: list[str] = []
 
     def flush() -> None:
+        if fragment is not None:
+            fragments[fragment] = "\n".join(lines).strip()
+            return
         if name is None:
             return
         sql = "\n".join(lines).strip().rstrip(";").strip()
@@ -39,17 +53,38 @@ def parse(text: str) -> dict[str, Query]:
         found[name] = Query(name, shape, sql)
 
     for line in text.splitlines():
-        match = _HEADER.match(line.strip())
+        stripped = line.strip()
+        match = _HEADER.match(stripped)
+        opens = _FRAGMENT.match(stripped)
+        include = _INCLUDE.match(stripped)
         if match:
             flush()
-            name = match.group(1)
+            name, fragment = match.group(1), None
             if name in found:
                 raise ValueError(f"query {name!r} is defined twice in queries.sql")
             shape = match.group(2)  # type: ignore[assignment]
             lines = []
-        elif name is not None:
+        elif opens:
+            flush()
+            name, fragment = None, opens.group(1)
+            if fragment in fragments:
+                raise ValueError(f"fragment {fragment!r} is defined twice in queries.sql")
+            lines = []
+        elif include and (name is not None or fragment is not None):
+            key = include.group(1)
+            if key not in fragments:
+                raise ValueError(
+                    f"{name or fragment!r} includes {key!r}, which is not a fragment defined "
+                    "above it in queries.sql"
+                )
+            used.add(key)
+            lines.append(fragments[key])
+        elif name is not None or fragment is not None:
             lines.append(line)
     flush()
+    unused = fragments.keys() - used
+    if unused:
+        raise ValueError(f"fragments {sorted(unused)} in queries.sql are never included")
     return found
 
 
