@@ -25,26 +25,53 @@ class Query:
     sql: str
 
 
-def parse(text: str) -> dict[str, Query]:
-    """Split a file of ``-- name: x :shape`` blocks into queries.
-
-    A ``-- fragment: x`` block is text shared by several queries: a line
-    ``-- include: x`` in a query stands for it. Fragments are spliced in here, once,
-    from the file's own text (never from anything given at run time), so every
-    query stays one static string; a fragment must come before the queries that
-    include it, and one that nothing includes is an error (it would drift)."""
-    found: dict[str, Query] = {}
-    fragments: dict[str, str] = {}
+def expand(text: str) -> str:
+    """The file's text with its fragments spliced in: a ``-- fragment: x`` block
+    (up to the next fragment or query) is text shared by several queries, and a
+    line ``-- include: x`` stands for it. Spliced once, at load, from the file's
+    own text (never from anything given at run time), so every query stays one
+    static string. A fragment must come before what includes it, and one nothing
+    includes is an error (it would drift)."""
+    fragments: dict[str, list[str]] = {}
     used: set[str] = set()
+    out: list[str] = []
+    into = out
+    for line in text.splitlines():
+        stripped = line.strip()
+        opens = _FRAGMENT.match(stripped)
+        include = _INCLUDE.match(stripped)
+        if opens:
+            key = opens.group(1)
+            if key in fragments:
+                raise ValueError(f"fragment {key!r} is defined twice in queries.sql")
+            into = fragments[key] = []
+        elif include:
+            key = include.group(1)
+            if key not in fragments:
+                raise ValueError(
+                    f"{key!r} is included but is not a fragment defined above it in queries.sql"
+                )
+            used.add(key)
+            into.extend("\n".join(fragments[key]).strip("\n").splitlines())
+        else:
+            if _HEADER.match(stripped):
+                into = out
+            into.append(line)
+    unused = fragments.keys() - used
+    if unused:
+        raise ValueError(f"fragments {sorted(unused)} in queries.sql are never included")
+    return "\n".join(out)
+
+
+def parse(text: str) -> dict[str, Query]:
+    """Split a file of ``-- name: x :shape`` blocks into queries (its fragments
+    spliced in first: see :func:`expand`)."""
+    found: dict[str, Query] = {}
     name: str | None = None
-    fragment: str | None = None
     shape: Shape = ":exec"
     lines: list[str] = []
 
     def flush() -> None:
-        if fragment is not None:
-            fragments[fragment] = "\n".join(lines).strip()
-            return
         if name is None:
             return
         sql = "\n".join(lines).strip().rstrip(";").strip()
@@ -52,39 +79,18 @@ def parse(text: str) -> dict[str, Query]:
             raise ValueError(f"query {name!r} in queries.sql is empty")
         found[name] = Query(name, shape, sql)
 
-    for line in text.splitlines():
-        stripped = line.strip()
-        match = _HEADER.match(stripped)
-        opens = _FRAGMENT.match(stripped)
-        include = _INCLUDE.match(stripped)
+    for line in expand(text).splitlines():
+        match = _HEADER.match(line.strip())
         if match:
             flush()
-            name, fragment = match.group(1), None
+            name = match.group(1)
             if name in found:
                 raise ValueError(f"query {name!r} is defined twice in queries.sql")
             shape = match.group(2)  # type: ignore[assignment]
             lines = []
-        elif opens:
-            flush()
-            name, fragment = None, opens.group(1)
-            if fragment in fragments:
-                raise ValueError(f"fragment {fragment!r} is defined twice in queries.sql")
-            lines = []
-        elif include and (name is not None or fragment is not None):
-            key = include.group(1)
-            if key not in fragments:
-                raise ValueError(
-                    f"{name or fragment!r} includes {key!r}, which is not a fragment defined "
-                    "above it in queries.sql"
-                )
-            used.add(key)
-            lines.append(fragments[key])
-        elif name is not None or fragment is not None:
+        elif name is not None:
             lines.append(line)
     flush()
-    unused = fragments.keys() - used
-    if unused:
-        raise ValueError(f"fragments {sorted(unused)} in queries.sql are never included")
     return found
 
 

@@ -40,7 +40,7 @@ def test_parse_splices_fragments_into_the_queries_that_include_them() -> None:
 
 
 def test_parse_refuses_unknown_late_twice_defined_and_unused_fragments() -> None:
-    with pytest.raises(ValueError, match="not a fragment defined above"):
+    with pytest.raises(ValueError, match="not a fragment defined above it"):
         parse("-- name: x :one\n-- include: later\nSELECT 1;\n-- fragment: later\nSELECT 2\n")
     with pytest.raises(ValueError, match="defined twice"):
         parse("-- fragment: f\nA\n-- fragment: f\nB\n-- name: x :one\n-- include: f\n")
