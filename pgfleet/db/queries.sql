@@ -482,12 +482,31 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 -- fragment: completion_ctes
 -- The completion half of both claim statements (job_complete_and_claim and
 -- job_complete_and_claim_lean include it): the outcomes written, the held jobs
--- marked started, the wakeup and the waiters told. Its CTEs are outcome, done,
--- marked, wake and tell; the statement goes on with ', next AS (...)'.
+-- marked started, the wakeup and the waiters told. Its CTEs are outcome, gone,
+-- done, finished, marked, wake and tell; the statement goes on with ', next AS (...)'.
+-- Action 'remove' (a worker with remove_succeeded_jobs) is 'succeeded' with the
+-- row deleted instead of updated when nothing needs it (gone); the conditions in
+-- gone and done are each other's negation, so every outcome is written once.
 WITH outcome AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $12::float8[], $13::text[])
+    SELECT o.id, o.token,
+           CASE WHEN o.action = 'remove' THEN 'succeeded' ELSE o.action END AS action,
+           o.action = 'remove' AS remove, o.delay, o.error, o.ran, o.result
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                $12::float8[], $13::text[])
         AS o(id, token, action, delay, error, ran, result)
+), gone AS (
+    -- Removed at completion: a succeeded job nobody waits for (awaited), outside
+    -- every workflow (no children to release, no parents: its batch and edges stay
+    -- readable), not asked to cancel, and without a result to keep. Its outcome
+    -- is final and its row would only be pruned later; the DELETE costs less WAL
+    -- and no dead tuple in the finished-jobs index. A named queue or limited
+    -- name it frees is work for someone now.
+    DELETE FROM pgfleet.jobs j
+    USING outcome o
+    WHERE o.remove AND j.id = o.id AND j.lock_token = o.token
+      AND j.awaited IS NOT TRUE AND j.has_children IS NOT TRUE AND j.waiting_on IS NULL
+      AND j.cancel_requested_at IS NULL AND o.result IS NULL
+    RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited) AS frees, false AS told
 ), done AS (
     -- A job someone asked to cancel while it ran (cancel_requested_at) ends
     -- cancelled unless its handler succeeded: never retried, snoozed or requeued.
@@ -530,10 +549,18 @@ WITH outcome AS (
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
+      -- Not removed by gone (its condition, negated).
+      AND NOT (o.remove AND j.awaited IS NOT TRUE AND j.has_children IS NOT TRUE
+               AND j.waiting_on IS NULL AND j.cancel_requested_at IS NULL
+               AND o.result IS NULL)
     -- RETURNING sees the new row: status is the job's new status.
     RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited
                      OR (j.status = 'queued' AND j.run_at <= now())) AS frees,
               j.awaited IS TRUE AND j.status <> 'queued' AS told
+), finished AS (
+    SELECT d.id, d.frees, d.told FROM done d
+    UNION ALL
+    SELECT g.id, g.frees, g.told FROM gone g
 ), marked AS (
     -- Runs whether or not the query reads it (it modifies data). Most rounds mark
     -- nothing: the cardinality test is a one-time filter that then skips the scan
@@ -544,7 +571,7 @@ WITH outcome AS (
       AND j.started_at IS NULL
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
-    SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
+    SELECT pg_notify('pgfleet_jobs', '') FROM finished WHERE frees LIMIT 1
 ), tell AS (
     -- The finished jobs someone waits for (Queue.wait), in one notification: their
     -- ids, or '' (look them all up) when they would not fit in one payload.
@@ -561,7 +588,7 @@ SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::
        NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
        NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
        NULL::text AS trace_context, NULL::integer AS snoozes
-FROM done d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
+FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
 
 -- name: job_complete_and_claim :many
 -- The claim loop's one round trip: write the outcomes of finished handlers (only
