@@ -307,6 +307,7 @@ def claim_loop(
     hold: float = 1.0,
     pooled: bool = False,
     burst: bool = True,
+    remove_succeeded: bool = False,
 ) -> tuple[ScriptedClaimLoop, JobRunner]:
     """A claim loop on ``db`` with a real JobRunner running ``handlers``."""
     events = WorkerEvents()
@@ -339,6 +340,7 @@ def claim_loop(
         pooled=pooled,
         events=events,
         stats=RunStats(),
+        remove_succeeded=remove_succeeded,
         store=db.store_for,
     )
     claims.pauses = []
