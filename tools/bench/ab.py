@@ -9,7 +9,9 @@ shared machine).
 ``--result-bytes N`` adds drains at 16 and 64 slots whose handler returns an
 N-byte JSON result (``drain c16 r1024``), each run right after the same drain
 returning ``None``, and ``cost`` rows: the median of each pair's ratio (with
-results / without) for each checkout. ``--only-results`` measures only those.
+results / without) for each checkout. ``--only-results`` measures only those;
+``--result-shape`` picks the value (``text``: one incompressible string;
+``records``: rows of small objects).
 
 Each checkout runs this file's ``--child`` with its own venv
 (``<checkout>/.venv/bin/python``) and its own folder first on the path, so each
@@ -34,13 +36,24 @@ DRAIN_SLOTS = (1, 16, 64)
 RESULT_SLOTS = (16, 64)
 
 
-def result_value(size: int) -> dict[str, str]:
-    """A JSON result of ``size`` bytes encoded: text that compresses little (base64
-    of fixed pseudo-random bytes), as a report's rows would, not one repeated byte."""
+RESULT_SHAPES = ("text", "records")
+
+
+def result_value(size: int, shape: str = "text") -> Any:
+    """A JSON result of about ``size`` bytes encoded. ``text``: one string that
+    compresses little (base64 of fixed pseudo-random bytes), the cheapest value of
+    that size to encode and parse. ``records``: rows of small objects, as a
+    handler's summary would be (many values: dearer to encode, and wider as jsonb)."""
     import base64
     import random
 
-    overhead = len('{"data": ""}')
+    if shape == "records":
+        rows: list[dict[str, Any]] = []
+        while len(json.dumps({"rows": rows}, separators=(",", ":"))) < size - 60:
+            i = len(rows)
+            rows.append({"id": i, "sku": f"SKU-{i:06d}", "qty": i % 7, "status": "shipped"})
+        return {"rows": rows}
+    overhead = len('{"data":""}')
     raw = random.Random(size).randbytes(size)
     return {"data": base64.b64encode(raw).decode()[: max(0, size - overhead)]}
 
@@ -63,11 +76,16 @@ async def _drain_returning(pool: Any, slots: int, value: Any) -> float:
     return stats.succeeded / (time.perf_counter() - start)
 
 
-async def _result_drains(pool: Any, drain_jobs: int, result_bytes: int) -> dict[str, float]:
-    from tools.bench.suite import _fill, _reset
+async def _result_drains(
+    url: str, pool: Any, drain_jobs: int, result_bytes: int, shape: str = "text"
+) -> dict[str, float]:
+    """The drains with and without results, each pair back to back; with the CPU
+    each spent per job, in microseconds: this process (``cpu``) and the database's
+    backends (``pg cpu``), less moved than throughput by a busy neighbour."""
+    from tools.bench.suite import Cpu, _fill, _reset
 
     results: dict[str, float] = {}
-    value = result_value(result_bytes)
+    value = result_value(result_bytes, shape)
     for slots in RESULT_SLOTS:
         for key, returned in (
             (f"drain c{slots} none", None),
@@ -75,7 +93,12 @@ async def _result_drains(pool: Any, drain_jobs: int, result_bytes: int) -> dict[
         ):
             await _reset(pool)
             await _fill(pool, drain_jobs)
-            results[key] = await _drain_returning(pool, slots, returned)
+            async with Cpu(url) as cpu:
+                results[key] = await _drain_returning(pool, slots, returned)
+            client, server = cpu.per_job(drain_jobs)
+            results[f"{key} cpu"] = client * 1000
+            if server is not None:
+                results[f"{key} pg cpu"] = server * 1000
     return results
 
 
@@ -86,6 +109,7 @@ async def _child(
     single_jobs: int,
     result_bytes: int = 0,
     only_results: bool = False,
+    shape: str = "text",
 ) -> dict[str, float]:
     from pgfleet import create_pool
     from pgfleet.queue import NotifyMode, Queue
@@ -98,7 +122,7 @@ async def _child(
         pool = await create_pool(url, min_size=2, max_size=8)
         try:
             if result_bytes:
-                results.update(await _result_drains(pool, drain_jobs, result_bytes))
+                results.update(await _result_drains(url, pool, drain_jobs, result_bytes, shape))
             if only_results:
                 return results
             for slots in DRAIN_SLOTS:
@@ -139,6 +163,12 @@ def main() -> None:
     parser.add_argument(
         "--only-results", action="store_true", help="measure only the --result-bytes drains"
     )
+    parser.add_argument(
+        "--result-shape",
+        choices=RESULT_SHAPES,
+        default="text",
+        help="text: one incompressible string; records: rows of small objects",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -150,6 +180,7 @@ def main() -> None:
                 args.single_jobs,
                 args.result_bytes,
                 args.only_results,
+                args.result_shape,
             )
         )
         print(json.dumps(result))
@@ -176,6 +207,8 @@ def main() -> None:
                     str(args.single_jobs),
                     "--result-bytes",
                     str(args.result_bytes),
+                    "--result-shape",
+                    args.result_shape,
                     *(["--only-results"] if args.only_results else []),
                 ],
                 cwd=tree,

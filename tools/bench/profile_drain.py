@@ -411,7 +411,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     async with py_spy(args.py_spy, args.py_spy_native):
                         started = time.perf_counter()
                         if args.result_bytes:
-                            value = ab.result_value(args.result_bytes)
+                            value = ab.result_value(args.result_bytes, args.result_shape)
                             await ab._drain_returning(pool, args.concurrency, value)
                         else:
                             await fb._drain_in_process(pool, args.concurrency)
@@ -532,6 +532,7 @@ def cli(argv: list[str] | None = None) -> None:
         default=0,
         help="pgfleet's handlers return a JSON result of this many bytes (default: None)",
     )
+    parser.add_argument("--result-shape", choices=ab.RESULT_SHAPES, default="text")
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--py-spy", type=Path, help="record the drain with py-spy into this file")
     parser.add_argument(
