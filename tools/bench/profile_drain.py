@@ -5,8 +5,7 @@
 
 Queues ``--jobs`` no-op jobs in a scratch database (``--database``, dropped after),
 drains them with one contender (``pgfleet``: the in-process ``Worker`` of
-``make bench-peers``, its handlers returning ``None`` or, with ``--result-bytes N``,
-an N-byte JSON result; ``graphile-default``/``graphile-batched``: graphile-worker's
+``make bench-peers``; ``graphile-default``/``graphile-batched``: graphile-worker's
 ``runOnce``, see tools/bench/graphile.py) and prints, per job:
 
 - the database's transactions and tuple writes (``pg_stat_database`` and the
@@ -54,7 +53,7 @@ import asyncpg
 
 from pgfleet import create_pool
 from pgfleet.db import store as store_module
-from tools.bench import ab, graphile, rawsql
+from tools.bench import graphile, rawsql
 from tools.bench import suite as fb
 from tools.devkit import drop_database
 
@@ -410,11 +409,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 with rounds.installed():
                     async with py_spy(args.py_spy, args.py_spy_native):
                         started = time.perf_counter()
-                        if args.result_bytes:
-                            value = ab.result_value(args.result_bytes, args.result_shape)
-                            await ab._drain_returning(pool, args.concurrency, value)
-                        else:
-                            await fb._drain_in_process(pool, args.concurrency)
+                        await fb._drain_in_process(pool, args.concurrency)
             else:
                 mode = args.contender.removeprefix("graphile-")
                 async with graphile.child(
@@ -526,13 +521,6 @@ def cli(argv: list[str] | None = None) -> None:
         choices=("pgfleet", "graphile-default", "graphile-batched"),
     )
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument(
-        "--result-bytes",
-        type=int,
-        default=0,
-        help="pgfleet's handlers return a JSON result of this many bytes (default: None)",
-    )
-    parser.add_argument("--result-shape", choices=ab.RESULT_SHAPES, default="text")
     parser.add_argument("--jobs", type=int, default=200_000)
     parser.add_argument("--py-spy", type=Path, help="record the drain with py-spy into this file")
     parser.add_argument(
