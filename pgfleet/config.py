@@ -75,6 +75,13 @@ class WorkerConfig:
     dead_worker_timeout: float | timedelta = 30.0
     #: Finished jobs older than this are pruned in the background; None keeps all.
     finished_job_retention: float | timedelta | None = timedelta(days=30)
+    #: Delete a job that succeeds in the statement that records its outcome,
+    #: instead of keeping it until ``finished_job_retention`` prunes it: less WAL
+    #: and no history. Kept anyway: jobs someone waits for (``Queue.wait``), jobs
+    #: in a workflow (with parents or children), jobs asked to cancel, and jobs
+    #: whose handler returned a result. Failed and cancelled jobs are kept as
+    #: usual. A removed job reads as not found (``Queue.get`` None, a 404).
+    remove_succeeded_jobs: bool = False
     #: How often the leader prunes finished jobs.
     prune_interval: float | timedelta = 60.0
     #: Rows deleted per pruning statement.
@@ -155,6 +162,10 @@ class WorkerConfig:
         j = self.backoff_jitter
         if isinstance(j, bool) or not isinstance(j, int | float) or not 0 <= j <= 1:
             raise InvalidOptions(f"backoff_jitter must be between 0 and 1, got {j!r}")
+        if not isinstance(self.remove_succeeded_jobs, bool):
+            raise InvalidOptions(
+                f"remove_succeeded_jobs must be True or False, got {self.remove_succeeded_jobs!r}"
+            )
         if self.vacuum not in ("auto", "always", "never"):
             raise InvalidOptions(f"vacuum must be 'auto', 'always' or 'never', got {self.vacuum!r}")
         v = self.vacuum_min_dead_tuples
@@ -362,6 +373,14 @@ WORKER_OPTIONS: tuple[ConfigOption, ...] = (
         "RETENTION_DAYS",
         "days finished jobs are kept (0: forever)",
         kind="days-or-off",
+    ),
+    ConfigOption(
+        "remove_succeeded_jobs",
+        "--remove-succeeded-jobs",
+        "REMOVE_SUCCEEDED_JOBS",
+        "delete succeeded jobs as their outcome is recorded, unless awaited, in a "
+        "workflow or with a result (no history of them)",
+        kind="switch",
     ),
     ConfigOption("backoff_base", "--backoff-base", "BACKOFF_BASE", "first retry delay, seconds"),
     ConfigOption("backoff_cap", "--backoff-cap", "BACKOFF_CAP", "longest retry delay, seconds"),

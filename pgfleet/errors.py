@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 
 class PgfleetError(Exception):
@@ -46,11 +47,27 @@ class DuplicateJobKey(PgfleetError, ValueError):
         self.job_key = job_key
 
 
+def missing_job(job_id: Any) -> str:
+    """What to say about a job id that finds no row. A well-formed id may be of a
+    job that finished and is gone: pruned after ``finished_job_retention``, or
+    removed as it succeeded by a worker with ``remove_succeeded_jobs`` (the
+    database keeps no trace of either, so which one cannot be told)."""
+    text = f"no job with id {job_id}"
+    try:
+        UUID(str(job_id))
+    except ValueError:
+        return text
+    return text + (
+        " (a finished job is gone once pruned after finished_job_retention, and a "
+        "succeeded one at once where workers run with remove_succeeded_jobs)"
+    )
+
+
 class JobNotFound(PgfleetError, LookupError):
-    """No job with that id."""
+    """No job with that id (see :func:`missing_job`)."""
 
     def __init__(self, job_id: Any) -> None:
-        super().__init__(f"no job with id {job_id}")
+        super().__init__(missing_job(job_id))
         self.job_id = job_id
 
 

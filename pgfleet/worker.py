@@ -157,6 +157,7 @@ class Worker:
             pooled=cfg.pgbouncer,
             events=self._events,
             stats=self.stats,
+            remove_succeeded=cfg.remove_succeeded_jobs,
         )
         self._started = asyncio.Event()
         identity = Identity.new(self.id, cfg.concurrency, self._names, self._queue_names)

@@ -77,6 +77,7 @@ class ClaimLoop:
         pooled: bool,
         events: WorkerEvents,
         stats: RunStats,
+        remove_succeeded: bool = False,
         store: Callable[[Any], ClaimStore] = Store,  # a scripted fake in unit tests
     ) -> None:
         self.worker_id = worker_id
@@ -102,6 +103,9 @@ class ClaimLoop:
         #: Flow control is in play for this worker's names: the full claim statement
         #: (the first round always is; each round says for the next).
         self._flow = True
+        #: A succeeded job is written as action 'remove': deleted at completion
+        #: unless something needs its row (remove_succeeded_jobs).
+        self._succeeded = "remove" if remove_succeeded else "succeeded"
         #: Rate limits: poll at least this often (flow_pace; None: no rate binds).
         self._pace: float | None = None
         self._wake_event = asyncio.Event()
@@ -364,7 +368,7 @@ class ClaimLoop:
         return await store.job_complete_and_claim(
             ids=[o.job.id for o in batch],
             tokens=[o.job.lock_token for o in batch],
-            actions=[o.action for o in batch],
+            actions=[self._succeeded if o.action == "succeeded" else o.action for o in batch],
             delays=[o.delay for o in batch],
             errors=[o.error for o in batch],
             ran=[None if o.started is None else now - o.started for o in batch],

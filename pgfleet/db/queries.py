@@ -14,6 +14,8 @@ from typing import Literal, Self
 Shape = Literal[":one", ":many", ":val", ":exec"]
 
 _HEADER = re.compile(r"^--\s*name:\s*([a-z][a-z0-9_]*)\s+(:one|:many|:val|:exec)\s*$")
+_FRAGMENT = re.compile(r"^--\s*fragment:\s*([a-z][a-z0-9_]*)\s*$")
+_INCLUDE = re.compile(r"^--\s*include:\s*([a-z][a-z0-9_]*)\s*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,8 +25,47 @@ class Query:
     sql: str
 
 
+def expand(text: str) -> str:
+    """The file's text with its fragments spliced in: a ``-- fragment: x`` block
+    (up to the next fragment or query) is text shared by several queries, and a
+    line ``-- include: x`` stands for it. Spliced once, at load, from the file's
+    own text (never from anything given at run time), so every query stays one
+    static string. A fragment must come before what includes it, and one nothing
+    includes is an error (it would drift)."""
+    fragments: dict[str, list[str]] = {}
+    used: set[str] = set()
+    out: list[str] = []
+    into = out
+    for line in text.splitlines():
+        stripped = line.strip()
+        opens = _FRAGMENT.match(stripped)
+        include = _INCLUDE.match(stripped)
+        if opens:
+            key = opens.group(1)
+            if key in fragments:
+                raise ValueError(f"fragment {key!r} is defined twice in queries.sql")
+            into = fragments[key] = []
+        elif include:
+            key = include.group(1)
+            if key not in fragments:
+                raise ValueError(
+                    f"{key!r} is included but is not a fragment defined above it in queries.sql"
+                )
+            used.add(key)
+            into.extend("\n".join(fragments[key]).strip("\n").splitlines())
+        else:
+            if _HEADER.match(stripped):
+                into = out
+            into.append(line)
+    unused = fragments.keys() - used
+    if unused:
+        raise ValueError(f"fragments {sorted(unused)} in queries.sql are never included")
+    return "\n".join(out)
+
+
 def parse(text: str) -> dict[str, Query]:
-    """Split a file of ``-- name: x :shape`` blocks into queries."""
+    """Split a file of ``-- name: x :shape`` blocks into queries (its fragments
+    spliced in first: see :func:`expand`)."""
     found: dict[str, Query] = {}
     name: str | None = None
     shape: Shape = ":exec"
@@ -38,7 +79,7 @@ def parse(text: str) -> dict[str, Query]:
             raise ValueError(f"query {name!r} in queries.sql is empty")
         found[name] = Query(name, shape, sql)
 
-    for line in text.splitlines():
+    for line in expand(text).splitlines():
         match = _HEADER.match(line.strip())
         if match:
             flush()

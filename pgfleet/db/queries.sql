@@ -479,21 +479,34 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 
 -- ---------------------------------------------------------------- worker runtime
 
--- name: job_complete_and_claim :many
--- The claim loop's one round trip: write the outcomes of finished handlers (only
--- where the claim's lock token still matches: a rescued or operator-released job
--- keeps its new state; $12: seconds since the handler started, for a held job that
--- no round marked started; $13: a succeeded handler's result, JSON text), mark started the held jobs ($11) the worker started
--- since its last round, and claim up to $9 due jobs this worker serves, in priority then
--- run_at order, at most one per named queue and only when that queue has no
--- running job. The first $10 claimed start now; the rest are held ahead (prefetch)
--- and keep started_at NULL until a later round marks them: a rescue tells a job
--- that never started from one that did. Returns the applied outcomes (claimed =
--- false) and the claimed jobs.
+-- fragment: completion_ctes
+-- The completion half of both claim statements (job_complete_and_claim and
+-- job_complete_and_claim_lean include it): the outcomes written, the held jobs
+-- marked started, the wakeup and the waiters told. Its CTEs are outcome, gone,
+-- done, finished, marked, wake and tell; the statement goes on with ', next AS (...)'.
+-- Action 'remove' (a worker with remove_succeeded_jobs) is 'succeeded' with the
+-- row deleted instead of updated when nothing needs it (gone); the conditions in
+-- gone and done are each other's negation, so every outcome is written once.
 WITH outcome AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $12::float8[], $13::text[])
+    SELECT o.id, o.token,
+           CASE WHEN o.action = 'remove' THEN 'succeeded' ELSE o.action END AS action,
+           o.action = 'remove' AS remove, o.delay, o.error, o.ran, o.result
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                $12::float8[], $13::text[])
         AS o(id, token, action, delay, error, ran, result)
+), gone AS (
+    -- Removed at completion: a succeeded job nobody waits for (awaited), outside
+    -- every workflow (no children to release, no parents: its batch and edges stay
+    -- readable), not asked to cancel, and without a result to keep. Its outcome
+    -- is final and its row would only be pruned later; the DELETE costs less WAL
+    -- and no dead tuple in the finished-jobs index. A named queue or limited
+    -- name it frees is work for someone now.
+    DELETE FROM pgfleet.jobs j
+    USING outcome o
+    WHERE o.remove AND j.id = o.id AND j.lock_token = o.token
+      AND j.awaited IS NOT TRUE AND j.has_children IS NOT TRUE AND j.waiting_on IS NULL
+      AND j.cancel_requested_at IS NULL AND o.result IS NULL
+    RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited) AS frees, false AS told
 ), done AS (
     -- A job someone asked to cancel while it ran (cancel_requested_at) ends
     -- cancelled unless its handler succeeded: never retried, snoozed or requeued.
@@ -536,10 +549,18 @@ WITH outcome AS (
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
+      -- Not removed by gone (its condition, negated).
+      AND NOT (o.remove AND j.awaited IS NOT TRUE AND j.has_children IS NOT TRUE
+               AND j.waiting_on IS NULL AND j.cancel_requested_at IS NULL
+               AND o.result IS NULL)
     -- RETURNING sees the new row: status is the job's new status.
     RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited
                      OR (j.status = 'queued' AND j.run_at <= now())) AS frees,
               j.awaited IS TRUE AND j.status <> 'queued' AS told
+), finished AS (
+    SELECT d.id, d.frees, d.told FROM done d
+    UNION ALL
+    SELECT g.id, g.frees, g.told FROM gone g
 ), marked AS (
     -- Runs whether or not the query reads it (it modifies data). Most rounds mark
     -- nothing: the cardinality test is a one-time filter that then skips the scan
@@ -550,14 +571,38 @@ WITH outcome AS (
       AND j.started_at IS NULL
 ), wake AS (
     -- A freed named queue or a requeued job is work for someone now.
-    SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
+    SELECT pg_notify('pgfleet_jobs', '') FROM finished WHERE frees LIMIT 1
 ), tell AS (
     -- The finished jobs someone waits for (Queue.wait), in one notification: their
     -- ids, or '' (look them all up) when they would not fit in one payload.
     SELECT pg_notify('pgfleet_done', CASE WHEN count(*) <= 200
                                           THEN string_agg(id::text, ',') ELSE '' END)
     FROM done WHERE told HAVING count(*) > 0
-), gate AS MATERIALIZED (
+)
+
+-- fragment: completion_rows
+-- The applied outcomes as the first rows of both claim statements' answer (claimed
+-- false, only id set); reading wake and tell makes sure they ran.
+SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
+       NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
+       NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
+       NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
+       NULL::text AS trace_context, NULL::integer AS snoozes, NULL::text AS limit_key
+FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
+
+-- name: job_complete_and_claim :many
+-- The claim loop's one round trip: write the outcomes of finished handlers (only
+-- where the claim's lock token still matches: a rescued or operator-released job
+-- keeps its new state; $12: seconds since the handler started, for a held job that
+-- no round marked started; $13: a succeeded handler's result, JSON text), mark started the held jobs ($11) the worker started
+-- since its last round, and claim up to $9 due jobs this worker serves, in priority then
+-- run_at order, at most one per named queue and only when that queue has no
+-- running job. The first $10 claimed start now; the rest are held ahead (prefetch)
+-- and keep started_at NULL until a later round marks them: a rescue tells a job
+-- that never started from one that did. Returns the applied outcomes (claimed =
+-- false) and the claimed jobs.
+-- include: completion_ctes
+, gate AS MATERIALIZED (
     -- Flow control (0006), in two probes of (usually empty) indexes: whether any
     -- of this worker's names has a limit or flagged queued jobs (then claim_flow
     -- runs), and whether anything is paused (then the fast path filters on it).
@@ -632,17 +677,12 @@ WITH outcome AS (
 -- Times travel as seconds since the epoch (float8: exact to the microsecond from
 -- 1685 to 2255): the client builds a datetime from them in half the time the
 -- driver's timestamptz decoder takes, and once per distinct value in a round.
-SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
-       NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
-       NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
-       NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
-       NULL::text AS trace_context, NULL::integer AS snoozes
-FROM done d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
+-- include: completion_rows
 UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
-       c.lock_token, c.trace_context::text, c.snoozes
+       c.lock_token, c.trace_context::text, c.snoozes, c.limit_key
 FROM claimed c
 UNION ALL
 -- The pace of this worker's rate-limited names with due jobs (seconds, in run_at):
@@ -651,7 +691,7 @@ UNION ALL
 -- instead of the poll interval. (This statement's snapshot does not see this
 -- round's starts: a window this round filled shows up in the next round.)
 SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       min(w.wait), NULL, NULL, NULL, NULL, NULL, NULL
+       min(w.wait), NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM (
     SELECT CASE WHEN NOT l.per_key AND st.n >= l.rate
                 THEN greatest(extract(epoch FROM st.oldest + make_interval(secs => l.per)
@@ -672,14 +712,14 @@ HAVING count(*) > 0
 UNION ALL
 -- Flow control is in play for this worker: the next round is a full one too.
 SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE (SELECT g.flow FROM gate g)
 UNION ALL
 SELECT true, f.started_at IS NULL, f.id, f.name, f.payload::text, f.attempt, f.max_attempts,
        f.priority, f.queue_name, f.job_key, date_part('epoch', f.run_at),
        date_part('epoch', f.created_at), date_part('epoch', COALESCE(f.started_at, now())),
        f.last_error,
-       f.lock_token, f.trace_context::text, f.snoozes
+       f.lock_token, f.trace_context::text, f.snoozes, f.limit_key
 FROM flow f;
 
 -- name: job_complete_and_claim_lean :many
@@ -689,75 +729,8 @@ FROM flow f;
 -- left alone, and a row without an id (held false) says when flow control has
 -- appeared, so that the next round is a full one. Saves the full statement's
 -- per-round cost where nothing is limited.
--- The claim loop's one round trip: write the outcomes of finished handlers (only
-WITH outcome AS (
-    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                         $12::float8[], $13::text[])
-        AS o(id, token, action, delay, error, ran, result)
-), done AS (
-    -- A job someone asked to cancel while it ran (cancel_requested_at) ends
-    -- cancelled unless its handler succeeded: never retried, snoozed or requeued.
-    UPDATE pgfleet.jobs j
-    SET status = CASE WHEN o.action = 'succeeded' THEN 'succeeded'
-                      WHEN o.action = 'cancelled' OR j.cancel_requested_at IS NOT NULL
-                           THEN 'cancelled'
-                      WHEN o.action = 'failed' THEN 'failed'
-                      ELSE 'queued' END::pgfleet.job_status,
-        finished_at = CASE WHEN o.action IN ('succeeded', 'failed', 'cancelled')
-                                OR j.cancel_requested_at IS NOT NULL THEN now() END,
-        -- An aborted attempt is not counted and the job keeps its run_at: it goes
-        -- back to its place in line (and a cron job keeps its occurrence). A
-        -- snoozed one is not counted either, and runs again after its delay.
-        run_at = CASE WHEN o.action IN ('retry', 'snooze')
-                      THEN now() + make_interval(secs => o.delay) ELSE j.run_at END,
-        attempt = CASE WHEN o.action IN ('aborted', 'snooze') THEN greatest(j.attempt - 1, 0)
-                       ELSE j.attempt END,
-        snoozes = CASE WHEN o.action = 'snooze' THEN COALESCE(j.snoozes, 0) + 1 ELSE j.snoozes END,
-        last_error = COALESCE(o.error, j.last_error),
-        -- Every failed attempt's error, oldest first: the last 10, and a count of
-        -- the older ones dropped to make room.
-        errors = CASE WHEN o.error IS NULL THEN j.errors
-                      ELSE (CASE WHEN jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
-                                 THEN j.errors - 0 ELSE COALESCE(j.errors, '[]') END)
-                           || jsonb_build_array(jsonb_build_object(
-                                'at', now(), 'attempt', j.attempt, 'error', o.error,
-                                'worker', $6::uuid)) END,
-        errors_omitted = CASE WHEN o.error IS NOT NULL
-                                   AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
-                              THEN COALESCE(j.errors_omitted, 0) + 1
-                              ELSE j.errors_omitted END,
-        result = CASE WHEN o.action = 'succeeded' THEN o.result::jsonb ELSE j.result END,
-        -- Who cancelled stays only on a job that ended cancelled (a handler that
-        -- succeeded before the cancel reached it keeps cancel_requested_at alone).
-        cancelled_by = CASE WHEN o.action = 'succeeded' THEN NULL ELSE j.cancelled_by END,
-        -- Started from the hold and finished before any round marked it.
-        started_at = COALESCE(j.started_at, now() - make_interval(secs => o.ran)),
-        locked_by = NULL,
-        lock_token = NULL
-    FROM outcome o
-    WHERE j.id = o.id AND j.lock_token = o.token
-    -- RETURNING sees the new row: status is the job's new status.
-    RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited
-                     OR (j.status = 'queued' AND j.run_at <= now())) AS frees,
-              j.awaited IS TRUE AND j.status <> 'queued' AS told
-), marked AS (
-    -- Runs whether or not the query reads it (it modifies data). Most rounds mark
-    -- nothing: the cardinality test is a one-time filter that then skips the scan
-    -- of this worker's running jobs the planner would otherwise make.
-    UPDATE pgfleet.jobs j SET started_at = now()
-    WHERE cardinality($11::uuid[]) > 0
-      AND j.id = ANY ($11::uuid[]) AND j.locked_by = $6 AND j.status = 'running'
-      AND j.started_at IS NULL
-), wake AS (
-    -- A freed named queue or a requeued job is work for someone now.
-    SELECT pg_notify('pgfleet_jobs', '') FROM done WHERE frees LIMIT 1
-), tell AS (
-    -- The finished jobs someone waits for (Queue.wait), in one notification: their
-    -- ids, or '' (look them all up) when they would not fit in one payload.
-    SELECT pg_notify('pgfleet_done', CASE WHEN count(*) <= 200
-                                          THEN string_agg(id::text, ',') ELSE '' END)
-    FROM done WHERE told HAVING count(*) > 0
-), pick AS MATERIALIZED (
+-- include: completion_ctes
+, pick AS MATERIALIZED (
     -- The ids come from an InitPlan and the update finds them through the primary
     -- key: there is no join between the pick and the table for a plan to flip to a
     -- hash or merge join over the whole table when the row estimates are stale.
@@ -795,21 +768,16 @@ WITH outcome AS (
 -- Times travel as seconds since the epoch (float8: exact to the microsecond from
 -- 1685 to 2255): the client builds a datetime from them in half the time the
 -- driver's timestamptz decoder takes, and once per distinct value in a round.
-SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::text AS payload, NULL::integer AS attempt,
-       NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
-       NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
-       NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
-       NULL::text AS trace_context, NULL::integer AS snoozes
-FROM done d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
+-- include: completion_rows
 UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
-       c.lock_token, c.trace_context::text, c.snoozes
+       c.lock_token, c.trace_context::text, c.snoozes, c.limit_key
 FROM claimed c
 UNION ALL
 SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
    OR EXISTS (SELECT 1 FROM pgfleet.jobs k
               WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]));

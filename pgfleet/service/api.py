@@ -36,6 +36,7 @@ from pgfleet.errors import (
     PgfleetError,
     SchemaNotReady,
     ValidationError,
+    missing_job,
 )
 from pgfleet.jobs import EnqueueRequest, Job, JobStatus, validate_name
 from pgfleet.queue import Queue
@@ -365,7 +366,7 @@ class JobsApi:
         wait = parse_wait_query(request.query, self._limits.max_wait)
         job = await self.queue.get(job_id)
         if job is None:
-            raise RequestError(404, f"no job with id {job_id}", {"id": job_id})
+            raise RequestError(404, missing_job(job_id), {"id": job_id})
         if wait and not job.status.finished and not self.draining:
             # Long poll: the queue's waiters share one LISTEN connection.
             with contextlib.suppress(TimeoutError):
@@ -393,7 +394,7 @@ class JobsApi:
         job_id = request.match_info["id"]
         job = await self.queue.get(job_id)
         if job is None:
-            raise RequestError(404, f"no job with id {job_id}", {"id": job_id})
+            raise RequestError(404, missing_job(job_id), {"id": job_id})
         parents = await self.queue.parents(job.id, limit=MAX_RELATIVES)
         children = await self.queue.children(job.id, limit=MAX_RELATIVES)
         return web.json_response(

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -60,7 +61,7 @@ from typing import Any
 
 import asyncpg
 
-from pgfleet import EnqueueRequest, Queue, create_pool
+from pgfleet import EnqueueRequest, Queue, Worker, create_pool
 from tools.bench import graphile, rawsql
 from tools.bench import suite as fb
 from tools.devkit import drop_database, guarded
@@ -69,7 +70,14 @@ PGQUEUER_VERSION = "1.6.0"
 RATE, PRODUCERS = 500, 4
 _CHILD_DSN = "PGFLEET_DATABASE_URL"
 
-CONTENDERS = ("pgfleet", "pgqueuer", "raw", "graphile-default", "graphile-batched")
+CONTENDERS = (
+    "pgfleet",
+    "pgfleet-noretain",
+    "pgqueuer",
+    "raw",
+    "graphile-default",
+    "graphile-batched",
+)
 GRAPHILE = ("graphile-default", "graphile-batched")
 PHASES = (
     "enqueue-single",
@@ -495,6 +503,28 @@ async def drain_round(bench: Bench, counts: DrainCounts, flip: bool = False) -> 
                     await bench.measure(f"drain {level} pgfleet", total, run)
 
                 todo.append(fleet)
+            if bench.on("pgfleet-noretain"):
+                # The same drain by a worker that removes succeeded jobs at completion
+                # (remove_succeeded_jobs): no history, as graphile-worker keeps none.
+
+                async def noretain(c: int = concurrency, level: str = level) -> None:
+                    await _reset(bench, pool)
+                    await fb._fill(pool, total)
+                    await bench.analyze(pool, ANALYZE_PGFLEET)
+                    config = dataclasses.replace(fb._bench_config(c), remove_succeeded_jobs=True)
+
+                    async def run() -> None:
+                        stats = await Worker(pool, fb._noop_registry(), config).run(burst=True)
+                        left = await pool.fetchval("SELECT count(*) FROM pgfleet.jobs")
+                        if stats.succeeded != total or left:
+                            raise RuntimeError(
+                                f"pgfleet-noretain ran {stats.succeeded} of {total} jobs and "
+                                f"left {left} rows"
+                            )
+
+                    await bench.measure(f"drain {level} pgfleet-noretain", total, run)
+
+                todo.append(noretain)
             if bench.on("pgqueuer"):
                 # Its dequeue slows down as the queue deepens (about 250 jobs/s at 16
                 # slots on 200,000 queued jobs, against thousands on 20,000): it
@@ -663,7 +693,14 @@ async def latency_round(bench: Bench, seconds: float, stale: bool, flip: bool) -
 # ---------------------------------------------------------------- report
 
 
-TABLE_PEERS = ("pgfleet", "pgqueuer", "graphile-default", "graphile-batched", "raw")
+TABLE_PEERS = (
+    "pgfleet",
+    "pgfleet-noretain",
+    "pgqueuer",
+    "graphile-default",
+    "graphile-batched",
+    "raw",
+)
 
 
 def _row_keys(runs: Runs) -> dict[str, dict[str, float]]:
@@ -701,6 +738,7 @@ def _row_keys(runs: Runs) -> dict[str, dict[str, float]]:
     for level, _ in LEVELS:
         rows[f"drain {level}"] = {
             "pgfleet": best(f"drain {level} pgfleet"),
+            "pgfleet-noretain": best(f"drain {level} pgfleet-noretain"),
             "pgqueuer": best(
                 *(f"drain {level} pgqueuer #{i}" for i in range(len(PGQUEUER_DRAIN[level])))
             ),
@@ -792,6 +830,13 @@ def report(runs: Runs) -> dict[str, Any]:
         r = rows.get(row, {})
         return r["pgfleet"] / r[peer] if peer in r else None
 
+    def noretain(row: str) -> float | None:
+        """pgfleet removing succeeded jobs at completion against graphile batched."""
+        r = rows.get(row, {})
+        if "pgfleet-noretain" in r and "graphile-batched" in r:
+            return r["pgfleet-noretain"] / r["graphile-batched"]
+        return None
+
     raw_single = m("enqueue single raw") if runs.has("enqueue single raw") else None
     raw_drain = (
         m("drain raw claim1000+complete x2")
@@ -809,6 +854,9 @@ def report(runs: Runs) -> dict[str, Any]:
         "drain c1 >= 0.8x graphile batched": ratio("drain c1", "graphile-batched"),
         "drain c16 >= 1.0x graphile batched": ratio("drain c16", "graphile-batched"),
         "drain c64 >= 1.0x graphile batched": ratio("drain c64", "graphile-batched"),
+        "drain c1 noretain >= 1.0x graphile batched": noretain("drain c1"),
+        "drain c16 noretain >= 1.2x graphile batched": noretain("drain c16"),
+        "drain c64 noretain >= 1.2x graphile batched": noretain("drain c64"),
     }
     criteria = {k: v for k, v in wanted.items() if v is not None}
     for tag in ("plain", "stale"):

@@ -322,7 +322,21 @@ async def _reserve_wal(conn: Any) -> bool:
         return False
 
 
-async def _explain_round(dsn: str, limit: int) -> str:
+async def _drain_pgfleet(pool: Any, concurrency: int, *, remove: bool) -> None:
+    """The drain of bench-peers' pgfleet (``remove``: pgfleet-noretain's, a worker
+    that removes succeeded jobs at completion)."""
+    if not remove:
+        await fb._drain_in_process(pool, concurrency)
+        return
+    import dataclasses
+
+    from pgfleet import Worker
+
+    config = dataclasses.replace(fb._bench_config(concurrency), remove_succeeded_jobs=True)
+    await Worker(pool, fb._noop_registry(), config).run(burst=True)
+
+
+async def _explain_round(dsn: str, limit: int, action: str = "succeeded") -> str:
     """EXPLAIN (ANALYZE, BUFFERS, WAL) of one claim round that writes ``limit``
     outcomes and claims ``limit`` jobs (their first ``limit`` start now), rolled back."""
     from pgfleet.db.queries import Q
@@ -339,7 +353,7 @@ async def _explain_round(dsn: str, limit: int) -> str:
             return (
                 ids,
                 tokens,
-                ["succeeded"] * len(ids),
+                [action] * len(ids),
                 [0.0] * len(ids),
                 [None] * len(ids),
                 worker,
@@ -391,7 +405,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 await pool.execute(graphile.FILL, args.jobs)
             if args.vacuum:
                 await admin.execute("VACUUM (ANALYZE) " + ".".join(table))
-            explain = await _explain_round(dsn, args.explain_limit) if args.explain else None
+            explain = (
+                await _explain_round(
+                    dsn,
+                    args.explain_limit,
+                    "remove" if args.contender == "pgfleet-noretain" else "succeeded",
+                )
+                if args.explain
+                else None
+            )
             db_oid = await admin.fetchval(DATABASE_OID)
             names = {r["node"]: r["name"] for r in await admin.fetch(FILENODES)}
             wal_dir = await admin.fetchval(WAL_DIR)
@@ -409,7 +431,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 with rounds.installed():
                     async with py_spy(args.py_spy, args.py_spy_native):
                         started = time.perf_counter()
-                        await fb._drain_in_process(pool, args.concurrency)
+                        await _drain_pgfleet(
+                            pool, args.concurrency, remove=args.contender == "pgfleet-noretain"
+                        )
             else:
                 mode = args.contender.removeprefix("graphile-")
                 async with graphile.child(
@@ -518,7 +542,7 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--contender",
         default="pgfleet",
-        choices=("pgfleet", "graphile-default", "graphile-batched"),
+        choices=("pgfleet", "pgfleet-noretain", "graphile-default", "graphile-batched"),
     )
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--jobs", type=int, default=200_000)

@@ -256,7 +256,7 @@ def claimed_row(job: Job, *, held: bool) -> Row:
         True, held, job.id, job.name, json.dumps(job.payload), job.attempt, job.max_attempts,
         job.priority, job.queue_name, job.job_key, job.run_at.timestamp(),
         job.created_at.timestamp(), job.created_at.timestamp(), job.last_error, job.lock_token,
-        None, job.snoozes,
+        None, job.snoozes, job.limit_key,
     )  # fmt: skip
 
 
@@ -307,6 +307,7 @@ def claim_loop(
     hold: float = 1.0,
     pooled: bool = False,
     burst: bool = True,
+    remove_succeeded: bool = False,
 ) -> tuple[ScriptedClaimLoop, JobRunner]:
     """A claim loop on ``db`` with a real JobRunner running ``handlers``."""
     events = WorkerEvents()
@@ -339,6 +340,7 @@ def claim_loop(
         pooled=pooled,
         events=events,
         stats=RunStats(),
+        remove_succeeded=remove_succeeded,
         store=db.store_for,
     )
     claims.pauses = []

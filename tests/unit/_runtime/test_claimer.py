@@ -33,6 +33,19 @@ async def test_a_round_writes_the_outcomes_and_claims_for_the_free_slots() -> No
     assert db.pool.connections[0].released and not db.pool.connections[0].terminated
 
 
+async def test_with_removal_a_succeeded_outcome_goes_out_as_remove_and_counts_as_succeeded() -> (
+    None
+):
+    """remove_succeeded_jobs: the statement decides which rows it may delete (see
+    tests/integration/test_removal.py); the loop only asks, and counts as before."""
+    a, b = jobs(2)
+    db = FakeDatabase([a, b])
+    claims, _ = claim_loop(db, Handlers(), concurrency=2, remove_succeeded=True)
+    await claims.run()
+    assert db.written == {a.id: "remove", b.id: "remove"}
+    assert claims.stats.succeeded == 2 and claims.stats.claimed == 2
+
+
 async def test_a_pipelined_round_goes_out_before_the_previous_answer_starts_its_jobs() -> None:
     # Round 2 carries a's outcome and claims c; b finishes while it is out, so
     # round 3 (b's outcome) is sent before c is launched, and c still runs.

@@ -28,6 +28,36 @@ def test_parse_refuses_duplicates_and_empty_blocks() -> None:
         parse("-- name: a :one\n\n")
 
 
+def test_parse_splices_fragments_into_the_queries_that_include_them() -> None:
+    loaded = parse(
+        "-- fragment: common\n-- a comment\nWITH a AS (SELECT 1)\n\n"
+        "-- name: x :many\n-- include: common\nSELECT * FROM a;\n"
+        "-- name: y :val\n  -- include: common\nSELECT count(*) FROM a;\n"
+    )
+    assert set(loaded) == {"x", "y"}
+    assert loaded["x"].sql == "-- a comment\nWITH a AS (SELECT 1)\nSELECT * FROM a"
+    assert loaded["y"].sql == "-- a comment\nWITH a AS (SELECT 1)\nSELECT count(*) FROM a"
+
+
+def test_parse_refuses_unknown_late_twice_defined_and_unused_fragments() -> None:
+    with pytest.raises(ValueError, match="not a fragment defined above it"):
+        parse("-- name: x :one\n-- include: later\nSELECT 1;\n-- fragment: later\nSELECT 2\n")
+    with pytest.raises(ValueError, match="defined twice"):
+        parse("-- fragment: f\nA\n-- fragment: f\nB\n-- name: x :one\n-- include: f\n")
+    with pytest.raises(ValueError, match="never included"):
+        parse("-- fragment: f\nA\n-- name: x :one\nSELECT 1\n")
+
+
+def test_both_claim_statements_share_the_completion_text() -> None:
+    """The completion half is written once in the file, and both statements carry it."""
+    text = (PACKAGE / "db" / "queries.sql").read_text()
+    for marker in ("), done AS (", "USING outcome o", "), tell AS (", "FROM finished d CROSS JOIN"):
+        assert text.count(marker) == 1, marker
+        assert marker in Q.job_complete_and_claim.sql
+        assert marker in Q.job_complete_and_claim_lean.sql
+    assert "-- include:" not in Q.job_complete_and_claim.sql + Q.job_complete_and_claim_lean.sql
+
+
 def test_declarations_must_match_the_file() -> None:
     with pytest.raises(ImportError, match="missing"):
         Queries({})
