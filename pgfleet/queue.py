@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 from uuid import UUID
 
 from pgfleet._runtime import tracing
-from pgfleet._runtime.waiting import Waiters
+from pgfleet._runtime.waiting import Waiters, shared_waiters, waiters_of
 from pgfleet.db.connect import create_pool as create_pool  # public: pgfleet.create_pool
 from pgfleet.db.deadlines import AppPool
 from pgfleet.db.plans import DEFAULT_MAX_ATTEMPTS, Batch, Enqueuer, as_job_id
@@ -126,7 +126,6 @@ class Queue:
         self._pool = pool
         self._store = Store(pool)
         self._waker = _Waker(self._store)
-        self._waiters: Waiters | None = None
         #: Called with (name, count) after jobs commit through this queue (metrics hook).
         self.on_enqueued: Callable[[str, int], None] | None = None
 
@@ -371,8 +370,9 @@ class Queue:
         :class:`TimeoutError` after ``timeout`` seconds (None: no limit) and
         :class:`JobNotFound` when there is no such job.
 
-        Every waiter of this queue shares one LISTEN connection (held while anyone
-        waits); a poll every second covers lost notifications."""
+        Every waiter on this queue's pool in this process, through any ``Queue``,
+        shares one LISTEN connection (held while anyone waits); a poll every
+        second covers lost notifications."""
         uid = self._require_uuid(job_id)
         if timeout is not None and (
             isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
@@ -380,14 +380,13 @@ class Queue:
             raise InvalidOptions(
                 f"timeout must be a non-negative number of seconds, got {timeout!r}"
             )
-        if self._waiters is None:
-            self._waiters = Waiters(self._pool, self._store)
-        return await self._waiters.wait(uid, timeout)
+        return await shared_waiters(self._pool).wait(uid, timeout)
 
     @property
     def waiters(self) -> Waiters | None:
-        """The shared state of this queue's waiters (None before the first wait)."""
-        return self._waiters
+        """The state shared by the waiters on this queue's pool in this process
+        (None while nobody waits on it)."""
+        return waiters_of(self._pool)
 
     async def retry(self, job_id: UUID | str) -> Job:
         """Run a failed or cancelled job again now, with fresh attempts."""

@@ -1,7 +1,13 @@
-"""Waiting for jobs to finish (``Queue.wait``): every waiter of a queue shares one
-LISTEN connection on the done channel, and one poll per interval covers the
-notifications that never arrive (a lost connection, a finish that raced the
-waiter's registration). A notification only makes a waiter return sooner."""
+"""Waiting for jobs to finish (``Queue.wait``): every waiter on one pool in a
+process shares one LISTEN connection on the done channel, whichever ``Queue`` it
+waits through, and one poll per interval covers the notifications that never
+arrive (a lost connection, a finish that raced the waiter's registration). A
+notification only makes a waiter return sooner.
+
+The unit of sharing is the pool: the listener borrows one of the pool's
+connections while anyone waits, so it lives and dies with that pool (closing
+another pool never cuts it), and it sees what the pool's connections see (their
+database, role and settings)."""
 
 from __future__ import annotations
 
@@ -23,11 +29,43 @@ log = logging.getLogger("pgfleet")
 #: Seconds between polls of the waited-for jobs' statuses (the fallback).
 WAIT_POLL_INTERVAL = 1.0
 
+#: The waiters of each pool in use, by the id of the driver's pool (a hub holds
+#: its pool, so the id is not reused while it is here). A hub leaves when its
+#: last waiter does.
+_SHARED: dict[int, Waiters] = {}
+#: Calls of ``Waiters.wait`` waiting now in this process (the waiters gauge).
+_callers = 0
+
+
+def _raw(pool: Any) -> Any:
+    return pool.raw if isinstance(pool, BoundedPool) else pool
+
+
+def shared_waiters(pool: Any) -> Waiters:
+    """The waiters of ``pool`` in this process, created at the first wait."""
+    key = id(_raw(pool))
+    waiters = _SHARED.get(key)
+    if waiters is None:
+        waiters = _SHARED[key] = Waiters(pool, Store(pool), shared=True)
+    return waiters
+
+
+def waiters_of(pool: Any) -> Waiters | None:
+    """The waiters of ``pool`` in this process while anyone waits on it, else None."""
+    return _SHARED.get(id(_raw(pool)))
+
+
+def waiting_now() -> int:
+    """``Queue.wait`` calls waiting now in this process, on every pool."""
+    return _callers
+
 
 class Waiters:
-    """The waiters of one queue: futures by job id, resolved with the finished job.
+    """The waiters of one pool: futures by job id, resolved with the finished job.
     The listener runs while anyone waits (its connection goes back to the pool
-    with the last waiter, so closing the pool never waits for it)."""
+    with the last waiter, so closing the pool never waits for it). ``shared``: the
+    pool's hub of :func:`shared_waiters`, which leaves it when the last waiter
+    has gone."""
 
     def __init__(
         self,
@@ -36,10 +74,12 @@ class Waiters:
         *,
         poll_interval: float = WAIT_POLL_INTERVAL,
         timeout: float = DEFAULT_DATABASE_TIMEOUT,
+        shared: bool = False,
     ) -> None:
         # The listener holds a connection of the driver's pool itself (a bounded
         # pool's acquire bounds a call, not a connection kept for long).
-        self._pool = pool.raw if isinstance(pool, BoundedPool) else pool
+        self._pool = _raw(pool)
+        self._shared = shared
         self._store = store
         self.poll_interval = poll_interval
         self._timeout = timeout
@@ -62,6 +102,7 @@ class Waiters:
         return len(self._futures)
 
     async def wait(self, job_id: uuid.UUID, timeout: float | None) -> Job:
+        global _callers
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Job] = loop.create_future()
         self._futures.setdefault(job_id, []).append(future)
@@ -69,10 +110,12 @@ class Waiters:
         self._kick.set()
         if self._task is None or self._task.done():
             self._task = loop.create_task(self._run(), name="pgfleet-waiters")
+        _callers += 1
         try:
             async with asyncio.timeout(timeout):
                 return await future
         finally:
+            _callers -= 1
             futures = self._futures.get(job_id)
             if futures is not None:
                 with contextlib.suppress(ValueError):
@@ -135,6 +178,8 @@ class Waiters:
                 self._task = asyncio.get_running_loop().create_task(
                     self._run(), name="pgfleet-waiters"
                 )
+            elif self._shared and _SHARED.get(id(self._pool)) is self:
+                del _SHARED[id(self._pool)]
 
     async def _round(self, polled: bool) -> None:
         new, self._new = self._new, set()

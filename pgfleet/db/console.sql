@@ -13,7 +13,8 @@
 -- queued: jobs_runnable; running: jobs_running_worker). Payloads are not read.
 -- $7: a limit key (a filter like the name and the named queue).
 SELECT id, name, status::text AS status, attempt, max_attempts, priority, queue_name,
-       job_key, limit_key, run_at, created_at, started_at, finished_at, left(last_error, 300) AS last_error
+       job_key, limit_key, run_at, created_at, started_at, finished_at,
+       left(last_error, 300) AS last_error, coalesce(snoozes, 0) AS snoozes
 FROM pgfleet.jobs
 WHERE ($1::pgfleet.job_status IS NULL OR status = $1)
   AND ($2::text IS NULL OR name = $2)

@@ -177,13 +177,14 @@ async def _list(queue: Any, args: argparse.Namespace) -> None:
             v["name"],
             v["status"],
             f"{v['attempt']}/{v['max_attempts']}",
+            str(v.get("snoozes", "")),
             _short_time(v["run_at"]),
             _short_time(v["created_at"]),
             _one_line(v.get("error", "")),
         ]
         for v in views
     ]
-    print_table(["ID", "NAME", "STATUS", "ATTEMPT", "RUN AT", "CREATED", "ERROR"], rows)
+    print_table(["ID", "NAME", "STATUS", "ATTEMPT", "SNOOZES", "RUN AT", "CREATED", "ERROR"], rows)
 
 
 async def _get(queue: Any, args: argparse.Namespace) -> None:

@@ -35,6 +35,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from pgfleet._runtime.waiting import waiting_now
 from pgfleet._version import __version__
 from pgfleet.db.store import KindStats, Store
 from pgfleet.db.types import Pool
@@ -140,6 +141,12 @@ class ProcessMetrics:
             "pgfleet_build_info", "pgfleet version of this process.", ["version"], registry=registry
         )
         self.build.labels(__version__).set(1)
+        self.waiters = Gauge(
+            "pgfleet_job_waiters",
+            "Queue.wait calls (the API's long polls included) waiting now in this process.",
+            registry=registry,
+        )
+        self.waiters.set_function(waiting_now)
         if worker:
             self._worker_series(registry)
 

@@ -523,6 +523,26 @@ async def test_the_job_page_shows_the_result_the_failed_attempts_and_cancels_a_r
     assert job.cancelled_by == "console:api-token"
 
 
+async def test_the_job_list_shows_how_often_a_job_snoozed(fleet: Fleet, pool: asyncpg.Pool) -> None:
+    api = await fleet.api(env={"PGFLEET_API_TOKEN": TOKEN})
+    queue = Queue(pool)
+    snoozed = await queue.enqueue("send_email", {"to": "a"})
+    plain = await queue.enqueue("send_email", {"to": "b"})
+    await pool.execute("UPDATE pgfleet.jobs SET snoozes = 3 WHERE id = $1", snoozed)
+    async with session() as http:
+        await login(http, api.url)
+        async with http.get(f"{api.url}/ui/jobs") as resp:
+            text = await resp.text()
+        assert resp.status == 200
+    rows = {
+        m.group(1): m.group(0)
+        for m in re.finditer(r"<tr><td><a href=\"/ui/jobs/([^\"]+)\".*?</tr>", text)
+    }
+    assert set(rows) >= {str(snoozed), str(plain)}
+    assert 'title="snoozed 3 times (no attempt used)">3 snoozes</span>' in rows[str(snoozed)]
+    assert "snooze" not in rows[str(plain)]
+
+
 async def test_a_jobs_limit_key_is_on_its_page_its_api_view_and_filters_the_list(
     fleet: Fleet, pool: asyncpg.Pool
 ) -> None:

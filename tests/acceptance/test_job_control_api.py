@@ -3,6 +3,8 @@ running job over HTTP, and results through the long poll."""
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -93,3 +95,31 @@ async def test_the_long_poll_returns_the_result_and_the_error_history(
     assert retried["errors"][0]["error"] == "RuntimeError: transient failure on attempt 1"
     bad = await call(http, "GET", f"{api.url}/jobs/{echo}?wait=61")
     assert bad.status == 422 and "wait" in str(bad.body)
+
+
+async def test_the_api_counts_its_long_polls_in_the_waiters_gauge(
+    fleet: Fleet, http: aiohttp.ClientSession
+) -> None:
+    api = await fleet.api(metrics=True)
+    # Nobody serves these: the long polls wait until the worker below starts.
+    ids = [await enqueue(http, api.url, "echo", n) for n in range(3)]
+    polls = [asyncio.ensure_future(record(http, api.url, i, wait=30)) for i in ids]
+
+    async def waiters() -> float:
+        async with http.get(f"{api.metrics_url}/metrics") as resp:
+            text = await resp.text()
+        (value,) = re.findall(r"^pgfleet_job_waiters (\S+)$", text, re.M)
+        return float(value)
+
+    async def three() -> bool:
+        return await waiters() == 3
+
+    await until(three, "three long polls counted")
+    fleet.worker()
+    done = await asyncio.gather(*polls)
+    assert [d["result"] for d in done] == [0, 1, 2]
+
+    async def none() -> bool:
+        return await waiters() == 0
+
+    await until(none, "the gauge back at 0")

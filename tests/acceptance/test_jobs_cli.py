@@ -71,6 +71,14 @@ async def test_list_get_counts_and_workers(database: str, pool: asyncpg.Pool) ->
     assert len(rows) == 1
     assert rows[0].split()[:3] == [str(second), "resize", "failed"]
     assert "boom" in rows[0]
+    # How often a job snoozed has its column; empty for jobs that never did.
+    await pool.execute("UPDATE pgfleet.jobs SET snoozes = 4 WHERE id = $1", first)
+    table = await pgfleet_jobs("list", dsn=database)
+    header, *rows = table.out.splitlines()
+    snoozes_at = header.index("SNOOZES")
+    by_id = {row.split()[0]: row for row in rows}
+    assert by_id[str(first)][snoozes_at:].split()[0] == "4"
+    assert by_id[str(second)][snoozes_at : snoozes_at + len("SNOOZES")].strip() == ""
 
     got = await pgfleet_jobs("get", str(first), "--dsn", database, "--json")
     assert got.code == 0, got.err

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import random
 import statistics
 import threading
@@ -14,6 +15,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+from prometheus_client import CollectorRegistry
 
 import pgfleet
 from pgfleet import (
@@ -31,6 +33,8 @@ from pgfleet import (
     Worker,
     WorkerConfig,
 )
+from pgfleet._runtime.waiting import waiting_now
+from pgfleet.service.metrics import ProcessMetrics, render
 from tests.helpers import put_in_state, register_worker
 from tests.integration.conftest import FAST, Recorder, running_worker
 
@@ -193,6 +197,72 @@ async def test_five_thousand_waiters_share_one_listening_connection(
         jobs = await asyncio.gather(*waiters)
     assert [j.result for j in jobs] == list(range(5000))
     assert listener.connections == 1
+
+
+LISTENING_FOR_DONE = (
+    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+    "AND query LIKE 'LISTEN \"pgfleet_done\"%'"
+)
+
+
+async def test_queues_on_one_pool_share_one_listener_and_one_closing_leaves_the_rest(
+    pool: asyncpg.Pool,
+) -> None:
+    queues = [Queue(pool) for _ in range(3)]
+    registry = Registry()
+
+    @registry.job("echo")
+    async def echo(job: Job, payload: int) -> int:
+        return payload
+
+    prom = CollectorRegistry()
+    ProcessMetrics(prom, worker=False)
+    ids = await queues[0].enqueue_many([EnqueueRequest("echo", i) for i in range(3000)])
+    waits = [
+        [asyncio.ensure_future(q.wait(i, timeout=120)) for i in ids[n * 1000 : (n + 1) * 1000]]
+        for n, q in enumerate(queues)
+    ]
+    await asyncio.sleep(0)
+    hub = queues[0].waiters
+    assert hub is not None and all(q.waiters is hub for q in queues)
+    while hub.listener is None or not hub.listener.connected.is_set():
+        await asyncio.sleep(0.01)
+    listener = hub.listener
+    assert await pool.fetchval(LISTENING_FOR_DONE) == 1
+    assert waiting_now() == 3000
+    assert "pgfleet_job_waiters 3000.0" in render(prom).decode()
+    # The first queue goes away: its callers give up, the queue is dropped.
+    for w in waits[0]:
+        w.cancel()
+    await asyncio.gather(*waits[0], return_exceptions=True)
+    del queues[0]
+    gc.collect()
+    assert waiting_now() == 2000 and queues[0].waiters is hub
+    async with running_worker(pool, registry, WorkerConfig(concurrency=32, **FAST)):
+        jobs = await asyncio.gather(*waits[1], *waits[2])
+    assert [j.result for j in jobs] == list(range(1000, 3000))
+    assert listener.connections == 1 and waiting_now() == 0
+    assert "pgfleet_job_waiters 0.0" in render(prom).decode()
+    # With the last waiter gone the listener's connection goes back to the pool.
+    while await pool.fetchval(LISTENING_FOR_DONE) != 0 or queues[0].waiters is not None:
+        await asyncio.sleep(0.05)
+
+
+async def test_queues_on_different_pools_listen_apart(pool: asyncpg.Pool, database: str) -> None:
+    other = await asyncpg.create_pool(database, min_size=1, max_size=2)
+    try:
+        a, b = Queue(pool), Queue(other)
+        job_id = await a.enqueue("nobody_serves_this", None)
+        waits = [asyncio.ensure_future(q.wait(job_id, timeout=30)) for q in (a, b)]
+        await asyncio.sleep(0)
+        assert a.waiters is not None and b.waiters is not None and a.waiters is not b.waiters
+        while await pool.fetchval(LISTENING_FOR_DONE) != 2:
+            await asyncio.sleep(0.02)
+        await a.complete(job_id)
+        done = await asyncio.gather(*waits)
+        assert [j.status for j in done] == [JobStatus.SUCCEEDED] * 2
+    finally:
+        await other.close()
 
 
 # ------------------------------------------------------------------ snooze

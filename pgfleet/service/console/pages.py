@@ -370,7 +370,7 @@ def jobs_page(
             el("a", {"href": f"{BASE}/jobs/{r['id']}", "class": "mono"}, str(r["id"])),
             r["name"],
             badge(r["status"]),
-            f"{r['attempt']}/{r['max_attempts']}",
+            attempt_cell(r["attempt"], r["max_attempts"], r["snoozes"]),
             r["queue_name"] or "",
             r["limit_key"] or "",
             when(r["created_at"], now),
@@ -433,6 +433,23 @@ def jobs_page(
             "No job matches.",
         ),
         el("p", {"class": "paging"}, paging),
+    )
+
+
+def attempt_cell(attempt: int, max_attempts: int, snoozes: int) -> Child:
+    """ "2/5", and how often the job snoozed when it did (snoozes use no attempt)."""
+    text = f"{attempt}/{max_attempts}"
+    if not snoozes:
+        return text
+    times = "once" if snoozes == 1 else f"{snoozes} times"
+    return join(
+        text,
+        " ",
+        el(
+            "span",
+            {"class": "hint snoozes", "title": f"snoozed {times} (no attempt used)"},
+            "1 snooze" if snoozes == 1 else f"{snoozes} snoozes",
+        ),
     )
 
 

@@ -109,3 +109,13 @@ def test_a_short_search_offers_to_go_on_from_where_it_stopped() -> None:
     assert "searched only the 10,000 jobs before it" in html
     assert f'href="/ui/jobs?name=rare&amp;from=2025-12-01T00%3A00&amp;before={stop}"' in html
     assert "No job matches." in html
+
+
+def test_the_attempt_column_says_how_often_a_job_snoozed() -> None:
+    from pgfleet.service.console.pages import attempt_cell
+
+    assert attempt_cell(1, 3, 0) == "1/3"
+    once = str(attempt_cell(1, 3, 1))
+    assert once.startswith("1/3 ") and 'title="snoozed once (no attempt used)"' in once
+    assert ">1 snooze</span>" in once
+    assert ">4 snoozes</span>" in str(attempt_cell(2, 5, 4))
