@@ -12,6 +12,7 @@ import sys
 import tarfile
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -70,7 +71,7 @@ def _old_code(into: Path) -> None:
         tar.extractall(into, filter="data")
 
 
-async def _run_old(folder: Path, dsn: str, ids: list[str]) -> dict[str, object]:
+async def _run_old(folder: Path, dsn: str, ids: list[str]) -> dict[str, Any]:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-c",
@@ -83,7 +84,7 @@ async def _run_old(folder: Path, dsn: str, ids: list[str]) -> dict[str, object]:
     )
     out, err = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0, err.decode()
-    result: dict[str, object] = json.loads(out.decode().strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
     return result
 
 
@@ -97,7 +98,7 @@ async def test_an_old_worker_runs_beside_the_new_schema(
     assert str(old["file"]).startswith(str(tmp_path))  # the old code ran
     assert old["known"] < 12  # it does not know migration 0012
     assert old["succeeded"] == 20  # claims and completions are unchanged
-    assert all(dict(old["found"]).values())  # type: ignore[call-overload]
+    assert all(old["found"].values())
     # The new leader moves what the old worker finished; the new reads find it.
     await pool.execute("UPDATE pgfleet.jobs SET finished_at = finished_at - interval '1 hour'")
     leader = Worker(pool, runtime_app.registry, WorkerConfig(**FAST))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
 import time
 from typing import Any
@@ -29,16 +30,25 @@ from pgfleet.db.store import Store
 RESET = "TRUNCATE pgfleet.jobs, pgfleet.job_dependencies, pgfleet.jobs_history"
 WAL = "SELECT pg_current_wal_lsn()"
 WAL_BYTES = "SELECT pg_wal_lsn_diff($2::pg_lsn, $1::pg_lsn)::bigint"
-#: Finished jobs of one UTC day 40 days ago (past a 30-day retention), $1 of them.
-FINISHED = """
+#: Finished jobs of one UTC day 40 days ago (past a 30-day retention), $1 of them,
+#: into the table named first.
+FINISHED = """ (id, name, payload, status, attempt, max_attempts, run_at, created_at,
+               started_at, finished_at)
 SELECT gen_random_uuid(), 'noop', '{}'::jsonb, 'succeeded'::pgfleet.job_status, 1, 25,
        t, t, t, t
 FROM (SELECT date_trunc('day', now() - interval '40 days') + make_interval(secs => g % 86000)
              AS t
       FROM generate_series(1, $1) AS g) s
 """
-COLUMNS = "(id, name, payload, status, attempt, max_attempts, run_at, created_at, started_at, finished_at)"
 RETENTION = 30 * 86400.0
+#: $1 finished jobs spread over the last ten days, into history (one statement).
+HISTORY_FILL = """
+INSERT INTO pgfleet.jobs_history (id, name, payload, status, attempt, max_attempts, run_at,
+                                  created_at, started_at, finished_at)
+SELECT gen_random_uuid(), 'noop', '{}'::jsonb, 'succeeded', 1, 25, t, t, t, t
+FROM (SELECT now() - make_interval(secs => g * (864000.0 / $1)) AS t
+      FROM generate_series(1, $1) AS g) s
+"""
 
 
 def _registry() -> Registry:
@@ -79,7 +89,7 @@ async def prune(pool: asyncpg.Pool, rows: int, repeats: int) -> dict[str, list[f
     for _ in range(repeats):
         # Today's way: the Pruner's batched DELETE on pgfleet.jobs, then VACUUM.
         await pool.execute(RESET)
-        await pool.execute(f"INSERT INTO pgfleet.jobs {COLUMNS} {FINISHED}", rows)
+        await pool.execute("INSERT INTO pgfleet.jobs" + FINISHED, rows)
         await pool.execute("VACUUM (ANALYZE) pgfleet.jobs")
 
         async def delete() -> None:
@@ -101,7 +111,7 @@ async def prune(pool: asyncpg.Pool, rows: int, repeats: int) -> dict[str, list[f
         await pool.execute(
             "SELECT pgfleet.jobs_history_add_day((now() - interval '40 days')::date)"
         )
-        await pool.execute(f"INSERT INTO pgfleet.jobs_history {COLUMNS} {FINISHED}", rows)
+        await pool.execute("INSERT INTO pgfleet.jobs_history" + FINISHED, rows)
         await pool.execute("VACUUM (ANALYZE) pgfleet.jobs_history")
 
         async def drop() -> None:
@@ -143,13 +153,7 @@ async def claim(
     await full.execute(RESET)
     await full.execute("SELECT pgfleet.jobs_history_prepare(current_date - 11, 7)")
     start = time.perf_counter()
-    await full.execute(
-        f"INSERT INTO pgfleet.jobs_history {COLUMNS}"
-        " SELECT gen_random_uuid(), 'noop', '{}'::jsonb, 'succeeded', 1, 25, t, t, t, t"
-        " FROM (SELECT now() - make_interval(secs => g * (864000.0 / $1)) AS t"
-        "       FROM generate_series(1, $1) AS g) s",
-        history,
-    )
+    await full.execute(HISTORY_FILL, history)
     await full.execute("VACUUM (ANALYZE) pgfleet.jobs_history")
     print(f"filled history with {history:,} rows in {time.perf_counter() - start:.0f} s")
     runs: dict[str, list[float]] = {}
@@ -166,8 +170,8 @@ async def claim(
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     admin = await asyncpg.connect(args.dsn)
     try:
-        a = await _database(admin, args.dsn, "pgfleet_history_a")
-        b = await _database(admin, args.dsn, "pgfleet_history_b")
+        a = await _database(admin, args.dsn, f"pgfleet_history_a{os.getpid()}")
+        b = await _database(admin, args.dsn, f"pgfleet_history_b{os.getpid()}")
     finally:
         await admin.close()
     out: dict[str, Any] = {}
@@ -183,7 +187,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         await pb.close()
         admin = await asyncpg.connect(args.dsn)
         try:
-            for name in ("pgfleet_history_a", "pgfleet_history_b"):
+            for name in (f"pgfleet_history_a{os.getpid()}", f"pgfleet_history_b{os.getpid()}"):
                 await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         finally:
             await admin.close()
@@ -196,7 +200,8 @@ def report(runs: dict[str, Any]) -> None:
         print(f"{k:38} median {medians[k]:>16,.3f}   runs {[round(x, 3) for x in v]}")
     if "drop s" in medians:
         print(f"delete/drop time ratio: {medians['delete s'] / medians['drop s']:,.0f}x")
-        print(f"delete/drop WAL ratio: {medians['delete WAL bytes'] / medians['drop WAL bytes']:,.0f}x")
+        wal = medians["delete WAL bytes"] / medians["drop WAL bytes"]
+        print(f"delete/drop WAL ratio: {wal:,.0f}x")
     key_h, key_e = "drain c16, history jobs/s", "drain c16, empty history jobs/s"
     if key_h in medians:
         print(f"claim rate with history / empty: {medians[key_h] / medians[key_e]:.3f}")
