@@ -590,14 +590,20 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
         if capacity
         else "a set rate"
     )
+    if "history_move_after" in params:
+        kept = (
+            f"Finished jobs move to history after {params['history_move_after']:g} s (the "
+            f"leader's chores every {params['prune_interval']:g} s); history's days are "
+            f"dropped past {params['retention_seconds']:g} s."
+        )
+    else:  # a run from before history (migration 0012)
+        kept = f"Finished jobs retained {params['retention_seconds']:g} s, then pruned."
     rep.add(
         "## Soak: does it stay bounded?",
         "",
         f"{params['seconds']:g} s at {p['target_rate']:,.0f} jobs/s ({how}) through the API "
         f"with {params['worker_processes']} worker process(es) x {params['concurrency']} "
-        f"handlers. Finished jobs move to history after {params['history_move_after']:g} s "
-        f"(the leader's chores every {params['prune_interval']:g} s); history's days are "
-        f"dropped past {params['retention_seconds']:g} s.",
+        f"handlers. {kept}",
         "",
     )
     samples = p.get("samples") or []
@@ -620,17 +626,17 @@ def _soak_plots(
 ) -> None:
     t, _ = _series(samples, "total_bytes")
     _, size = _series(samples, "total_bytes")
-    _, index = _series(samples, "index_bytes")
-    _, history = _series(samples, "history_bytes")
+    index = [r.get("index_bytes", 0) for r in samples]
+    history = [r.get("history_bytes", 0) for r in samples]
     _, dead = _series(samples, "dead_tuples")
     _, vacuums = _series(samples, "vacuums")
     windows = p.get("windows") or []
-    wt = [w["t"] + params["window"] / 2 for w in windows]
+    wt = [w["t"] + params.get("window", 60) / 2 for w in windows]
     fig, axes = plt.subplots(5, 1, figsize=(7, 11), sharex=True)
     axes[0].plot(wt, [(w["p50"] or 0) * 1000 for w in windows], label="p50")
     axes[0].plot(wt, [(w["p90"] or 0) * 1000 for w in windows], label="p90")
     axes[0].plot(wt, [(w["p99"] or 0) * 1000 for w in windows], label="p99")
-    axes[0].set_ylabel(f"claim latency (ms)\nper {params['window']:g} s")
+    axes[0].set_ylabel(f"claim latency (ms)\nper {params.get('window', 60):g} s")
     axes[0].legend(loc="upper right", fontsize=8)
     axes[1].plot(wt, [w["drain_rate"] for w in windows], color="tab:green")
     axes[1].set_ylabel("drained (jobs/s)")

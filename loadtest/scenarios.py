@@ -495,14 +495,31 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         finally:
             await conn.close()
         before = point["table_before"]
-        moved = final["history_inserted"] - before["history_inserted"]
         point["jobs_committed"] = final["inserted"] - before["inserted"]
-        point["jobs_moved"] = moved
-        point["jobs_pruned"] = final["deleted"] - before["deleted"] - moved
+        point["jobs_moved"] = moved = await _moved(ctx, point["t0"])
+        # Rows deleted from the claim table are moved or pruned; with a retention
+        # longer than the run (the default) none of this run's jobs is pruned.
+        pruned = final["deleted"] - before["deleted"] - moved
+        short = p.retention_seconds < p.seconds + DRAIN_TIMEOUT
+        point["jobs_pruned"] = max(0, pruned) if short else 0
         point["jobs_done"] = remaining.get("succeeded", 0) + point["jobs_pruned"]
         point["statuses"] = remaining
     _write_points(ctx, "soak", p, [point])
     return [point]
+
+
+async def _moved(ctx: Context, since: float) -> int:
+    """This run's jobs in history."""
+    conn = await _connect(ctx)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pgfleet.jobs_history WHERE created_at >= to_timestamp($1)",
+                since,
+            )
+        )
+    finally:
+        await conn.close()
 
 
 async def _capacity(dsn: str, backlog: int) -> float:
