@@ -4,6 +4,7 @@
   way (batched DELETEs of 1,000 on pgfleet.jobs, then the VACUUM they call for)
   against dropping the day partition of pgfleet.jobs_history that holds them:
   time and WAL bytes (``pg_current_wal_lsn()`` before and after), each repeated;
+- migration: 0012 applied on a jobs table of 1,000,000 finished jobs;
 - claim: drain rate at 16 slots with 10,000,000 finished jobs in history against
   an empty history, in two databases drained alternately.
 
@@ -125,6 +126,30 @@ async def prune(pool: asyncpg.Pool, rows: int, repeats: int) -> dict[str, list[f
     return runs
 
 
+UNDO_0012 = """
+DROP VIEW pgfleet.jobs_all; DROP TABLE pgfleet.jobs_history;
+DROP FUNCTION pgfleet.jobs_history_drop, pgfleet.jobs_history_prepare,
+              pgfleet.jobs_history_add_day;
+DELETE FROM pgfleet.schema_migrations WHERE version = 12
+"""
+
+
+async def migration(pool: asyncpg.Pool, rows: int, repeats: int) -> dict[str, list[float]]:
+    """Migration 0012 applied (and undone between runs) on a jobs table of ``rows``
+    finished jobs."""
+    await pool.execute(RESET)
+    await pool.execute("INSERT INTO pgfleet.jobs" + FINISHED, rows)
+    await pool.execute("VACUUM (ANALYZE) pgfleet.jobs")
+    runs: dict[str, list[float]] = {}
+    for _ in range(repeats):
+        await pool.execute(UNDO_0012)
+        start = time.perf_counter()
+        assert await pgfleet_migrate(pool) == [12]
+        runs.setdefault("migration 0012 s", []).append(time.perf_counter() - start)
+    await pool.execute(RESET)
+    return runs
+
+
 async def _fill_queued(pool: asyncpg.Pool, total: int) -> None:
     queue = Queue(pool, notify=NotifyMode.OFF)
     for start in range(0, total, 1000):
@@ -178,6 +203,8 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     pa = await asyncpg.create_pool(a, min_size=2, max_size=8)
     pb = await asyncpg.create_pool(b, min_size=2, max_size=8)
     try:
+        if "migration" in args.parts:
+            out.update(await migration(pa, args.prune_rows, args.repeats))
         if "prune" in args.parts:
             out.update(await prune(pa, args.prune_rows, args.repeats))
         if "claim" in args.parts:
