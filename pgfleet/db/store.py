@@ -366,11 +366,16 @@ class Store:
 
     async def job_retry(self, *, id: UUID) -> Job | None:
         """The job queued again, or None when it is not failed or cancelled. A job
-        in history is moved back to the jobs table first, in the same transaction."""
-        async with self.transaction("retry") as tx:
-            with _RETRY:
-                await tx.db.fetchval(Q.jobs_history_restore.sql, [id], None)
-                row = await tx.db.fetchrow(Q.job_retry.sql, id)
+        in history is moved back to the jobs table first, in the same transaction;
+        once more if the leader moved it to history meanwhile."""
+        row = None
+        for _ in range(2):
+            async with self.transaction("retry") as tx:
+                with _RETRY:
+                    restored = await tx.db.fetchval(Q.jobs_history_restore.sql, [id], None)
+                    row = await tx.db.fetchrow(Q.job_retry.sql, id)
+            if row is not None or restored:
+                break
         return None if row is None else job_from_record(row)
 
     async def job_reschedule(
