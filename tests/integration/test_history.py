@@ -286,8 +286,20 @@ async def test_migration_on_a_populated_jobs_table(pool: asyncpg.Pool) -> None:
         "        now() - make_interval(secs => g % 86400)"
         " FROM generate_series(1, 300000) g"
     )
+    # A worker's transaction in flight (ROW EXCLUSIVE on pgfleet.jobs, as a claim or
+    # completion holds): the migration takes only ACCESS SHARE, so it does not wait.
+    busy = await pool.acquire()
+    busy_tx = busy.transaction()
+    await busy_tx.start()
+    await busy.execute(
+        "UPDATE pgfleet.jobs SET attempt = 2 WHERE id = (SELECT id FROM pgfleet.jobs LIMIT 1)"
+    )
     started = time.perf_counter()
-    assert await migrate(pool) == [12]
+    try:
+        assert await asyncio.wait_for(migrate(pool), 10) == [12]
+    finally:
+        await busy_tx.rollback()
+        await pool.release(busy)
     elapsed = time.perf_counter() - started
     print(f"migration 0012 on 300,000 rows: {elapsed * 1000:.1f} ms")
     assert await pool.fetchval("SELECT count(*) FROM pgfleet.jobs_history") == 0
