@@ -232,6 +232,11 @@ def report(runs: dict[str, Any]) -> None:
     key_h, key_e = "drain c16, history jobs/s", "drain c16, empty history jobs/s"
     if key_h in medians:
         print(f"claim rate with history / empty: {medians[key_h] / medians[key_e]:.3f}")
+        pairs = [h / e for h, e in zip(runs[key_h], runs[key_e], strict=True)]
+        print(
+            f"  per interleaved pair: {[round(r, 3) for r in pairs]}, median "
+            f"{statistics.median(pairs):.3f}"
+        )
 
 
 if __name__ == "__main__":
