@@ -1172,7 +1172,9 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $
 -- parent as having children. Marking a parent locks its row until this transaction
 -- ends, so a parent finishing meanwhile either finished before (its status is
 -- returned here, and job_settle_new settles it) or waits, and its trigger then sees
--- these edges. Returns each distinct parent with its status; NULL: no such job.
+-- these edges. A parent in history (finished) is read there, after the update
+-- (pgfleet.job_status_now: a snapshot of its own, so one that moved while the update
+-- waited is found). Returns each distinct parent with its status; NULL: no such job.
 WITH edge AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::boolean[], $4::boolean[])
         AS e(child_id, parent_id, run_anyway, batch)
@@ -1184,7 +1186,8 @@ WITH edge AS (
     INSERT INTO pgfleet.job_dependencies (child_id, parent_id, run_anyway, batch)
     SELECT e.child_id, e.parent_id, e.run_anyway, e.batch FROM edge e
 )
-SELECT e.parent_id, p.status::text AS status
+SELECT e.parent_id,
+       COALESCE(p.status::text, pgfleet.job_status_now(e.parent_id)::text) AS status
 FROM (SELECT DISTINCT parent_id FROM edge) e LEFT JOIN parent p ON p.id = e.parent_id;
 
 -- name: job_settle_new :val

@@ -255,6 +255,21 @@ async def test_a_moved_parent_keeps_its_children_and_edges(pool: asyncpg.Pool) -
     assert [c.id for c in await queue.children(parent)] == [child]
 
 
+async def test_a_child_enqueued_after_a_parent_in_history_is_settled(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    done, dead = await queue.enqueue("record", {}), await queue.enqueue("record", {})
+    await put_in_state(pool, done, "succeeded", finished_ago_s=600)
+    await put_in_state(pool, dead, "failed", finished_ago_s=600)
+    worker = leader(pool)
+    assert worker.historian is not None
+    await worker.historian.prepare()
+    assert await worker.historian.move() == 2
+    runs = await queue.enqueue("record", {}, options=EnqueueOptions(after=[done]))
+    cancelled = await queue.enqueue("record", {}, options=EnqueueOptions(after=[dead]))
+    assert (await queue.get(runs)).status == "queued"  # type: ignore[union-attr]
+    assert (await queue.get(cancelled)).status == "cancelled"  # type: ignore[union-attr]
+
+
 async def test_queue_prune_finished_reaches_history(pool: asyncpg.Pool) -> None:
     queue = Queue(pool)
     ids = await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(5)])

@@ -51,6 +51,17 @@ CREATE VIEW pgfleet.jobs_all AS
     UNION ALL
     SELECT * FROM pgfleet.jobs_history;
 
+-- A job's status wherever it lives, read in a snapshot of its own (VOLATILE): a
+-- statement that waited for a row the leader was moving still finds the job, in
+-- history. Linking a child to a parent that finished and moved uses it.
+CREATE FUNCTION pgfleet.job_status_now(p_id uuid) RETURNS pgfleet.job_status
+LANGUAGE plpgsql VOLATILE
+AS $fn$
+BEGIN
+    RETURN (SELECT a.status FROM pgfleet.jobs_all a WHERE a.id = p_id LIMIT 1);
+END
+$fn$;
+
 -- The UTC day partition of jobs_history that holds day p_day, created when missing:
 -- built apart, filled with that day's rows from the DEFAULT partition, then
 -- attached (ATTACH takes SHARE UPDATE EXCLUSIVE on jobs_history: readers and the
