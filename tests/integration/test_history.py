@@ -11,9 +11,17 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from pgfleet import EnqueueOptions, EnqueueRequest, Queue, Worker, WorkerConfig, migrate
+from pgfleet import (
+    EnqueueOptions,
+    EnqueueRequest,
+    JobStatus,
+    Queue,
+    Worker,
+    WorkerConfig,
+    migrate,
+)
 from pgfleet.db.store import Store
-from pgfleet.service.console.data import ConsoleData
+from pgfleet.service.console.data import ConsoleData, JobFilter
 from tests.apps import runtime_app
 from tests.helpers import put_in_state
 from tests.integration.conftest import FAST
@@ -87,6 +95,11 @@ async def test_finished_jobs_move_and_every_read_still_finds_them(pool: asyncpg.
     counts = await queue.counts()
     recent = await queue.recent(limit=50)
     stats = [(k.name, k.queued, k.running, k.dead) for k in await Store(pool).queue_stats()]
+    data = ConsoleData(pool, queue)
+    pages = [
+        [dict(r) for r in (await data.jobs(f, None, 100)).rows]
+        for f in (JobFilter(), JobFilter(status=JobStatus.FAILED, name="record"))
+    ]
     worker = leader(pool)
     assert worker.historian is not None
     await worker.historian.prepare()
@@ -104,8 +117,12 @@ async def test_finished_jobs_move_and_every_read_still_finds_them(pool: asyncpg.
     assert await queue.recent(limit=50) == recent
     after = [(k.name, k.queued, k.running, k.dead) for k in await Store(pool).queue_stats()]
     assert after == stats  # the dead gauge counts history
-    data = ConsoleData(pool, queue)
     assert await data.dead_count("record") == 50
+    assert [
+        [dict(r) for r in (await data.jobs(f, None, 100)).rows]
+        for f in (JobFilter(), JobFilter(status=JobStatus.FAILED, name="record"))
+    ] == pages
+    assert len(pages[1]) == 50
 
 
 async def test_a_reader_never_misses_a_job_while_it_moves(pool: asyncpg.Pool) -> None:
