@@ -630,7 +630,8 @@ def _soak_plots(
     history = [r.get("history_bytes", 0) for r in samples]
     _, dead = _series(samples, "dead_tuples")
     _, vacuums = _series(samples, "vacuums")
-    windows = p.get("windows") or []
+    # Whole windows inside the run (the drain after Locust stops is not a rate).
+    windows = [w for w in p.get("windows") or [] if w["t"] < params["seconds"]]
     wt = [w["t"] + params.get("window", 60) / 2 for w in windows]
     fig, axes = plt.subplots(5, 1, figsize=(7, 11), sharex=True)
     axes[0].plot(wt, [(w["p50"] or 0) * 1000 for w in windows], label="p50")
