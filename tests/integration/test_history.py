@@ -307,7 +307,7 @@ async def test_migration_on_a_populated_jobs_table(pool: asyncpg.Pool) -> None:
     the leader moves them in batches and every one reads back."""
     await pool.execute(
         "DROP VIEW pgfleet.jobs_all; DROP TABLE pgfleet.jobs_history;"
-        " DROP FUNCTION pgfleet.jobs_history_drop, pgfleet.jobs_history_prepare,"
+        " DROP FUNCTION pgfleet.jobs_history_drop, pgfleet.jobs_history_prepare, pgfleet.job_status_now,"
         " pgfleet.jobs_history_add_day;"
         " DELETE FROM pgfleet.schema_migrations WHERE version = 12"
     )

@@ -128,7 +128,7 @@ async def prune(pool: asyncpg.Pool, rows: int, repeats: int) -> dict[str, list[f
 
 UNDO_0012 = """
 DROP VIEW pgfleet.jobs_all; DROP TABLE pgfleet.jobs_history;
-DROP FUNCTION pgfleet.jobs_history_drop, pgfleet.jobs_history_prepare,
+DROP FUNCTION pgfleet.jobs_history_drop, pgfleet.jobs_history_prepare, pgfleet.job_status_now,
               pgfleet.jobs_history_add_day;
 DELETE FROM pgfleet.schema_migrations WHERE version = 12
 """
