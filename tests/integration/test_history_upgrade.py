@@ -17,12 +17,13 @@ from typing import Any
 import asyncpg
 import pytest
 
-from pgfleet import EnqueueRequest, Queue, Worker, WorkerConfig
+from pgfleet import EnqueueRequest, Queue, Worker, WorkerConfig, migrations
 from tests.apps import runtime_app
 from tests.integration.conftest import FAST
 
 ROOT = Path(__file__).resolve().parents[2]
-MIGRATION = "pgfleet/db/migrations/0012_history_partitions.sql"
+HISTORY = next(m for m in migrations() if m.name == "history_partitions")
+MIGRATION = f"pgfleet/db/migrations/{HISTORY.version:04d}_history_partitions.sql"
 
 OLD_WORKER = """
 import asyncio, json, sys, uuid
@@ -96,7 +97,7 @@ async def test_an_old_worker_runs_beside_the_new_schema(
     ids = await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(20)])
     old = await _run_old(tmp_path, database, [str(i) for i in ids])
     assert str(old["file"]).startswith(str(tmp_path))  # the old code ran
-    assert old["known"] < 12  # it does not know migration 0012
+    assert old["known"] < HISTORY.version  # it does not know the history migration
     assert old["succeeded"] == 20  # claims and completions are unchanged
     assert all(old["found"].values())
     # The new leader moves what the old worker finished; the new reads find it.
