@@ -290,6 +290,18 @@ async def test_a_child_enqueued_after_a_parent_in_history_is_settled(pool: async
     assert (await queue.get(cancelled)).status == "cancelled"  # type: ignore[union-attr]
 
 
+async def test_waiting_for_a_job_in_history_returns_it(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    job_id = await queue.enqueue("record", {})
+    await put_in_state(pool, job_id, "succeeded", finished_ago_s=600)
+    worker = leader(pool)
+    assert worker.historian is not None
+    await worker.historian.prepare()
+    assert await worker.historian.move() == 1
+    job = await queue.wait(job_id, timeout=10)
+    assert job.id == job_id and job.status == "succeeded"
+
+
 async def test_queue_prune_finished_reaches_history(pool: asyncpg.Pool) -> None:
     queue = Queue(pool)
     ids = await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(5)])
