@@ -13,7 +13,7 @@ CONSOLE_BENCH_ARGS ?=
 
 API_FUZZ_ARGS ?=
 
-.PHONY: help venv test test-fast test-asyncpg-range lint format docs docs-build docs-generate dist release-check bench bench-peers bench-producers bench-django fleet loadtest loadtest-smoke chaos clean screenshots console-bench lock audit advisories api-fuzz
+.PHONY: help venv test test-fast test-asyncpg-range lint format docs docs-build docs-generate dist release-check bench bench-peers bench-producers bench-django fleet loadtest loadtest-smoke loadtest-soak-hour chaos clean screenshots console-bench lock audit advisories api-fuzz
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  make %-14s %s\n", $$1, $$2}'
@@ -97,6 +97,9 @@ loadtest: venv ## Locust scenarios + capacity report: SCENARIO=contention|drain|
 
 loadtest-smoke: venv ## every load-test scenario for a few seconds, then the report (about a minute)
 	$(PY) -m loadtest.run all --profile smoke $(LOADTEST_ARGS)
+
+loadtest-soak-hour: venv ## the soak for an hour at 70% of the fleet's measured capacity, then the report
+	$(PY) -m loadtest.run soak --profile full --set soak.seconds=3600 $(LOADTEST_ARGS)
 
 chaos: venv ## chaos suite, long profile: 3000 jobs, 30 s partition (table in chaos-results/)
 	PGFLEET_CHAOS_PROFILE=long $(PY) -m pytest tests/chaos $(PYTEST_ARGS)

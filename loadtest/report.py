@@ -583,14 +583,27 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
     p = doc["points"][0]
     params = doc["params"]
     s = locustcsv.summarize(rep.results / p["csv"])
+    capacity = p.get("capacity")
+    how = (
+        f"{params['share']:.0%} of the fleet's measured drain capacity "
+        f"({capacity:,.0f} jobs/s, capped at {params['max_rate']:g})"
+        if capacity
+        else "a set rate"
+    )
+    if "history_move_after" in params:
+        kept = (
+            f"Finished jobs move to history after {params['history_move_after']:g} s (the "
+            f"leader's chores every {params['prune_interval']:g} s); history's days are "
+            f"dropped past {params['retention_seconds']:g} s."
+        )
+    else:  # a run from before history (migration 0010)
+        kept = f"Finished jobs retained {params['retention_seconds']:g} s, then pruned."
     rep.add(
         "## Soak: does it stay bounded?",
         "",
-        f"{params['seconds']:g} s at {params['rate']:g} jobs/s through the API with "
-        f"{params['worker_processes']} worker process(es) x {params['concurrency']} "
-        f"handlers, finished jobs retained {params['retention_seconds']:g} s (the leader "
-        "prunes every 60 s and, with autovacuum off, vacuums when dead tuples pass "
-        "its threshold).",
+        f"{params['seconds']:g} s at {p['target_rate']:,.0f} jobs/s ({how}) through the API "
+        f"with {params['worker_processes']} worker process(es) x {params['concurrency']} "
+        f"handlers. {kept}",
         "",
     )
     samples = p.get("samples") or []
@@ -599,53 +612,108 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
             "soak: jobs accepted = committed = done",
             s.jobs == p["jobs_committed"] == p["jobs_done"] and s.failures == 0,
             f"Locust {s.jobs} ({s.failures} failed), committed {p['jobs_committed']}, "
-            f"done {p['jobs_done']} ({p['jobs_pruned']} pruned)",
+            f"done {p['jobs_done']} ({p.get('jobs_moved', 0)} moved to history, "
+            f"{p['jobs_pruned']} pruned)",
         )
     if not samples:
         return
-    t, age = _series(samples, "oldest_age")
+    _soak_plots(rep, p, params, samples)
+    _soak_verdict(rep, p, params, samples, s.jobs)
+
+
+def _soak_plots(
+    rep: Report, p: dict[str, Any], params: dict[str, Any], samples: list[dict[str, Any]]
+) -> None:
+    t, _ = _series(samples, "total_bytes")
     _, size = _series(samples, "total_bytes")
+    index = [r.get("index_bytes", 0) for r in samples]
+    history = [r.get("history_bytes", 0) for r in samples]
     _, dead = _series(samples, "dead_tuples")
-    _, backlog = _series(samples, "runnable")
-    fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
-    axes[0].plot(t, age, color="tab:orange")
-    axes[0].set_ylabel("backlog age (s)")
-    axes[1].plot(t, [b / 2**20 for b in size], color="tab:purple")
-    axes[1].set_ylabel("jobs table + indexes (MiB)")
-    axes[2].plot(t, dead, color="tab:gray")
-    axes[2].set_ylabel("dead tuples")
-    axes[2].set_xlabel("seconds into the soak")
-    axes[0].set_title(f"soak at {params['rate']:g} jobs/s")
+    _, vacuums = _series(samples, "vacuums")
+    # Whole windows inside the run (the drain after Locust stops is not a rate).
+    windows = [w for w in p.get("windows") or [] if w["t"] < params["seconds"]]
+    wt = [w["t"] + params.get("window", 60) / 2 for w in windows]
+    fig, axes = plt.subplots(5, 1, figsize=(7, 11), sharex=True)
+    axes[0].plot(wt, [(w["p50"] or 0) * 1000 for w in windows], label="p50")
+    axes[0].plot(wt, [(w["p90"] or 0) * 1000 for w in windows], label="p90")
+    axes[0].plot(wt, [(w["p99"] or 0) * 1000 for w in windows], label="p99")
+    axes[0].set_ylabel(f"claim latency (ms)\nper {params.get('window', 60):g} s")
+    axes[0].legend(loc="upper right", fontsize=8)
+    axes[1].plot(wt, [w["drain_rate"] for w in windows], color="tab:green")
+    axes[1].set_ylabel("drained (jobs/s)")
+    axes[2].plot(t, [b / 2**20 for b in size], color="tab:purple", label="claim table + indexes")
+    axes[2].plot(t, [b / 2**20 for b in index], color="tab:pink", label="its indexes")
+    axes[2].plot(t, [b / 2**20 for b in history], color="tab:brown", label="history")
+    axes[2].set_ylabel("MiB")
+    axes[2].legend(loc="upper left", fontsize=8)
+    axes[3].plot(t, dead, color="tab:gray")
+    axes[3].set_ylabel("dead tuples")
+    axes[4].step(t, [v - vacuums[0] for v in vacuums], color="tab:blue", where="post")
+    axes[4].set_ylabel("vacuums of the\nclaim table")
+    axes[4].set_xlabel("seconds into the soak")
+    axes[0].set_title(f"soak at {p['target_rate']:,.0f} jobs/s")
     for a in axes:
         a.grid(True, alpha=0.3)
         a.set_ylim(bottom=0)
-    rep.figure(fig, "soak.png", "backlog age, table size and dead tuples over the soak")
+    rep.figure(
+        fig,
+        "soak.png",
+        "claim latency, drain rate, table, index and history sizes, dead tuples and "
+        "vacuums over the soak",
+    )
+
+
+def _soak_verdict(
+    rep: Report,
+    p: dict[str, Any],
+    params: dict[str, Any],
+    samples: list[dict[str, Any]],
+    jobs: int,
+) -> None:
+    _, age = _series(samples, "oldest_age")
+    _, size = _series(samples, "total_bytes")
+    _, dead = _series(samples, "dead_tuples")
+    _, backlog = _series(samples, "runnable")
+    rate = p["target_rate"]
     # Floors: a second of arrivals for the backlog, a second for its age, 1 MiB of
     # table, and the leader's vacuum threshold for dead tuples.
     verdicts = {
-        "backlog": bounded(backlog, floor=params["rate"]),
+        "backlog": bounded(backlog, floor=rate),
         "backlog age": bounded(age, floor=1.0),
-        "table size": bounded(size, floor=2**20),
+        "claim table size": bounded(size, floor=2**20),
         "dead tuples": bounded(dead, floor=10_000),
     }
+    judged = p.get("judged") or []
+    drift = ""
+    if len(judged) == 2 and judged[0]["p99"] is not None and judged[1]["p99"] is not None:
+        first, last = judged[0]["p99"], judged[1]["p99"]
+        # 1.2x, with 5 ms of slack for latencies too small to compare as ratios.
+        verdicts["claim p99"] = last <= first * 1.2 + 0.005
+        span = p["judge_span"]
+        drift = (
+            f" Claim latency p99: {first * 1000:.1f} ms in the first {span:g} s, "
+            f"{last * 1000:.1f} ms in the last {span:g} s ({last / max(first, 1e-9):.2f}x)."
+        )
+        rep.headline["soak_p99_ratio"] = round(last / max(first, 1e-9), 3)
     vacuums = samples[-1]["vacuums"] - samples[0]["vacuums"]
     ok = all(verdicts.values())
-    judged = params["seconds"] >= MIN_SOAK_SECONDS
-    rep.headline["soak_bounded"] = ok if judged else None
-    verdict = ("bounded" if ok else "NOT bounded") if judged else "too short to judge"
-    if not judged:
+    long_enough = params["seconds"] >= MIN_SOAK_SECONDS
+    rep.headline["soak_bounded"] = ok if long_enough else None
+    verdict = ("bounded" if ok else "NOT bounded") if long_enough else "too short to judge"
+    if not long_enough:
         rep.add(
-            f"The soak ran under {MIN_SOAK_SECONDS} s: pruning and the leader's vacuum run "
-            "every 60 s, so it cannot show whether the table stops growing.",
+            f"The soak ran under {MIN_SOAK_SECONDS} s: the leader's chores and vacuum "
+            "need minutes to settle, so it cannot show whether the table stops growing.",
             "",
         )
+    history = samples[-1].get("history_bytes", 0) / 2**20
     rep.add(
         f"**Verdict: {verdict}** ("
         + ", ".join(f"{k} {'flat' if v else 'growing'}" for k, v in verdicts.items())
-        + f"; the last third's maximum against the middle third's). {s.jobs:,} jobs, "
-        f"{vacuums} vacuum(s), table at most {max(size) / 2**20:.1f} MiB, dead tuples at "
-        f"most {max(dead):,.0f}, backlog at most {max(backlog):,.0f} jobs, backlog age at "
-        f"most {max(age):.2f} s.",
+        + f"; the last third's maximum against the middle third's).{drift} {jobs:,} jobs, "
+        f"{vacuums} vacuum(s) of the claim table, which was at most {max(size) / 2**20:.1f} "
+        f"MiB while history grew to {history:.1f} MiB; dead tuples at most {max(dead):,.0f}, "
+        f"backlog at most {max(backlog):,.0f} jobs, backlog age at most {max(age):.2f} s.",
         "",
     )
 

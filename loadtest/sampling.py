@@ -32,13 +32,52 @@ SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8 AS t,
 FROM pgfleet.jobs WHERE status = 'queued'
 """
 
+# The claim table (pgfleet.jobs) and the history its finished jobs move to.
 TABLE_SAMPLE = """
-SELECT pg_total_relation_size('pgfleet.jobs') AS total_bytes,
+SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8 AS t,
+       pg_total_relation_size('pgfleet.jobs') AS total_bytes,
        pg_relation_size('pgfleet.jobs') AS heap_bytes,
+       pg_indexes_size('pgfleet.jobs') AS index_bytes,
        s.n_live_tup AS live_tuples, s.n_dead_tup AS dead_tuples,
        s.vacuum_count + s.autovacuum_count AS vacuums,
-       s.n_tup_ins AS inserted, s.n_tup_del AS deleted
-FROM pg_stat_user_tables s WHERE s.relid = 'pgfleet.jobs'::regclass
+       s.autovacuum_count AS autovacuums,
+       s.n_tup_ins AS inserted, s.n_tup_del AS deleted,
+       COALESCE(h.bytes, 0) AS history_bytes, COALESCE(h.inserted, 0) AS history_inserted
+FROM pg_stat_user_tables s
+LEFT JOIN LATERAL (
+    SELECT sum(pg_total_relation_size(i.inhrelid))::bigint AS bytes,
+           sum(COALESCE(hs.n_tup_ins, 0))::bigint AS inserted
+    FROM pg_inherits i LEFT JOIN pg_stat_user_tables hs ON hs.relid = i.inhrelid
+    WHERE i.inhparent = to_regclass('pgfleet.jobs_history')
+) h ON true
+WHERE s.relid = 'pgfleet.jobs'::regclass
+"""
+
+# Claim latency (due to started) percentiles and jobs finished, per window of $2
+# seconds from $1, over the jobs and their history.
+WINDOWS = """
+WITH j AS (
+    SELECT EXTRACT(EPOCH FROM started_at)::float8 AS started,
+           EXTRACT(EPOCH FROM finished_at)::float8 AS finished,
+           EXTRACT(EPOCH FROM started_at - run_at)::float8 AS delay
+    FROM pgfleet.jobs_all WHERE created_at >= to_timestamp($1) AND started_at IS NOT NULL
+), latency AS (
+    SELECT floor((started - $1) / $2)::int AS w, count(*) AS started_n,
+           percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY delay) AS p
+    FROM j GROUP BY 1
+), drained AS (
+    SELECT floor((finished - $1) / $2)::int AS w, count(*) AS finished_n
+    FROM j WHERE finished IS NOT NULL GROUP BY 1
+)
+SELECT w, COALESCE(started_n, 0) AS started, COALESCE(finished_n, 0) AS finished, p
+FROM latency FULL JOIN drained USING (w) ORDER BY w
+"""
+
+# A backlog due together at $2 (epoch seconds): the capacity measurement's.
+CAPACITY_FILL = """
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, run_at)
+SELECT gen_random_uuid(), 'noop', 'null'::jsonb, 1, to_timestamp($2)
+FROM generate_series(1, $1)
 """
 
 # The processes whose CPU a run costs: client backends of this database (other
@@ -52,7 +91,7 @@ WHERE pid <> pg_backend_pid()
 """
 
 STATUS_COUNTS = """
-SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs
+SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs_all
 WHERE created_at >= to_timestamp($1) GROUP BY status
 """
 
@@ -60,7 +99,7 @@ PICKUP = """
 SELECT count(*) AS n,
        percentile_cont(ARRAY[0.5, 0.9, 0.95, 0.99]) WITHIN GROUP (ORDER BY d) AS p,
        max(d) AS max
-FROM (SELECT EXTRACT(EPOCH FROM started_at - run_at)::float8 AS d FROM pgfleet.jobs
+FROM (SELECT EXTRACT(EPOCH FROM started_at - run_at)::float8 AS d FROM pgfleet.jobs_all
       WHERE created_at >= to_timestamp($1) AND started_at IS NOT NULL) AS delays
 """
 
@@ -220,6 +259,26 @@ async def pickup_delays(conn: asyncpg.Connection, since: float) -> dict[str, Any
         "p99": p[3],
         "max": row["max"],
     }
+
+
+async def windows(conn: asyncpg.Connection, since: float, window: float) -> list[dict[str, Any]]:
+    """Per window of ``window`` seconds: jobs started and finished, and the claim
+    latency's p50, p90 and p99 (seconds from due to started)."""
+    out = []
+    for r in await conn.fetch(WINDOWS, since, window):
+        p = r["p"] or [None] * 3
+        out.append(
+            {
+                "t": r["w"] * window,
+                "started": int(r["started"]),
+                "finished": int(r["finished"]),
+                "drain_rate": int(r["finished"]) / window,
+                "p50": p[0],
+                "p90": p[1],
+                "p99": p[2],
+            }
+        )
+    return out
 
 
 async def wait_drained(conn: asyncpg.Connection, timeout: float) -> None:

@@ -9,12 +9,14 @@ scenario lists them for :mod:`loadtest.report`.
 - ``drain``: a fixed backlog (loaded by Locust in big batches) drained by 1, 2,
   4 ... worker processes at several concurrencies.
 - ``steady``: target enqueue rates through the jobs API with workers running.
-- ``soak``: one long steady run with short retention: backlog, table size and
-  dead tuples must stay bounded.
+- ``soak``: one long run at a set share of the fleet's measured capacity, with
+  finished jobs moving to history: claim latency must not drift, and the claim
+  table's size, backlog and dead tuples must stay bounded while history grows.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import time
@@ -29,6 +31,7 @@ from loadtest import sampling
 from loadtest.harness import Processes, run_locust
 
 DRAIN_TIMEOUT = 600.0
+TRUNCATE = "TRUNCATE pgfleet.jobs, pgfleet.job_dependencies, pgfleet.jobs_history"
 
 
 @dataclass(frozen=True)
@@ -65,15 +68,29 @@ class Steady:
 
 @dataclass(frozen=True)
 class Soak:
-    rate: float = 500
-    seconds: float = 360
+    #: jobs/s; 0: ``share`` of the fleet's drain capacity, measured first.
+    rate: float = 0
+    share: float = 0.7
+    #: Jobs of the capacity measurement (drained by the soak's own workers).
+    capacity_backlog: int = 20_000
+    #: The highest rate the soak asks for, whatever the capacity (the load
+    #: generator shares the machine).
+    max_rate: float = 3000
+    seconds: float = 600
     users: int = 8
     batch: int = 10
     worker_processes: int = 2
     concurrency: int = 16
     pool_size: int = 6
-    retention_seconds: float = 30
+    #: Days of history are dropped past this; longer than the soak keeps its jobs.
+    retention_seconds: float = 86400
+    #: Finished jobs move from the claim table to history after this.
+    history_move_after: float = 10
+    #: The leader's chores (move, prune) run this often.
+    prune_interval: float = 10
     sample_interval: float = 2.0
+    #: Claim latency percentiles and drain rate are computed per window of this.
+    window: float = 60
 
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -91,8 +108,9 @@ PROFILES: dict[str, dict[str, Any]] = {
         ),
         "drain": Drain(backlog=400, processes=(1, 2), concurrencies=(4,), load_batch=100),
         "steady": Steady(rates=(100, 300), seconds=3, users=4, batch=5, worker_processes=1),
-        "soak": Soak(rate=150, seconds=6, users=2, batch=5, worker_processes=1,
-                     retention_seconds=2, sample_interval=1.0),
+        "soak": Soak(seconds=30, users=2, batch=5, worker_processes=1, capacity_backlog=1000,
+                     max_rate=200, history_move_after=2, prune_interval=2,
+                     sample_interval=1.0, window=5),
     },
 }  # fmt: skip
 
@@ -228,7 +246,7 @@ async def _contention_point(
 ) -> dict[str, Any]:
     name = f"{user}-{mode}-b{batch}-p{producers}"
     if ctx.native:
-        await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
+        await conn.execute(TRUNCATE)
     t0 = await sampling.db_now(conn)
     cpu = sampling.CpuMeter() if ctx.cpu else None
     if cpu is not None:
@@ -291,7 +309,7 @@ async def _drain_point(
 ) -> dict[str, Any]:
     assert ctx.dsn is not None
     name = f"load-w{processes}-c{concurrency}"
-    await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
+    await conn.execute(TRUNCATE)
     await conn.execute("DELETE FROM pgfleet.workers")
     load = await run_locust(
         ctx.procs,
@@ -392,7 +410,7 @@ async def _steady_point(
         run = await _locust_http(ctx, name, "steady", url, p.users, p.seconds, options)
         return point | {"locust_exit": run.returncode}
     if ctx.native:
-        await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
+        await conn.execute(TRUNCATE)
     t0 = await sampling.db_now(conn)
     async with sampling.Sampler(ctx.dsn, p.sample_interval) as sampler:
         run = await _locust_http(ctx, name, "steady", url, p.users, p.seconds, options)
@@ -426,20 +444,33 @@ async def _locust_http(
 async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
     days = p.retention_seconds / 86400
     if ctx.native and ctx.dsn is not None:
-        # Before the workers start: their pruning must find only this run's jobs,
-        # since its deletions count them as done.
+        # Before the workers start: only this run's jobs.
         conn = await _connect(ctx)
         try:
-            await conn.execute("TRUNCATE pgfleet.jobs, pgfleet.job_dependencies")
+            await conn.execute(TRUNCATE)
         finally:
             await conn.close()
     stoppable, url = await _fleet(
-        ctx, p.worker_processes, p.concurrency, p.pool_size, "--retention-days", f"{days:.9f}"
+        ctx,
+        p.worker_processes,
+        p.concurrency,
+        p.pool_size,
+        "--retention-days",
+        f"{days:.9f}",
+        "--history-move-after",
+        f"{p.history_move_after:g}",
+        "--prune-interval",
+        f"{p.prune_interval:g}",
     )
-    name = f"soak-rate{p.rate:g}"
-    options = {"batch_size": p.batch, "target_rate": p.rate, "max_failure_ratio": 0}
-    point: dict[str, Any] = {"name": name, "csv": f"soak/{name}", "target_rate": p.rate}
+    point: dict[str, Any] = {}
     try:
+        capacity = None
+        if p.rate <= 0 and ctx.dsn is not None:
+            capacity = await _capacity(ctx.dsn, p.capacity_backlog)
+        rate = p.rate if p.rate > 0 else min(p.max_rate, p.share * (capacity or p.max_rate))
+        name = "soak"
+        options = {"batch_size": p.batch, "target_rate": rate, "max_failure_ratio": 0}
+        point = {"name": name, "csv": f"soak/{name}", "target_rate": rate, "capacity": capacity}
         if ctx.dsn is None:
             run = await _locust_http(ctx, name, "soak", url, p.users, p.seconds, options)
             point["locust_exit"] = run.returncode
@@ -454,15 +485,55 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         try:
             final = dict(await sampling.one_row(conn, sampling.TABLE_SAMPLE))
             remaining = await sampling.status_counts(conn, point["t0"])
+            point["windows"] = await sampling.windows(conn, point["t0"], p.window)
+            # The first and the last ten minutes (a third of a shorter soak), judged.
+            span = min(600.0, p.seconds / 3)
+            spans = await sampling.windows(conn, point["t0"], span)
+            whole = [w for w in spans if w["t"] + span <= p.seconds + 1e-6]
+            point["judge_span"] = span
+            point["judged"] = [whole[0], whole[-1]] if len(whole) >= 2 else []
         finally:
             await conn.close()
         before = point["table_before"]
         point["jobs_committed"] = final["inserted"] - before["inserted"]
-        point["jobs_pruned"] = final["deleted"] - before["deleted"]
+        point["jobs_moved"] = moved = await _moved(ctx, point["t0"])
+        # Rows deleted from the claim table are moved or pruned; with a retention
+        # longer than the run (the default) none of this run's jobs is pruned.
+        pruned = final["deleted"] - before["deleted"] - moved
+        short = p.retention_seconds < p.seconds + DRAIN_TIMEOUT
+        point["jobs_pruned"] = max(0, pruned) if short else 0
         point["jobs_done"] = remaining.get("succeeded", 0) + point["jobs_pruned"]
         point["statuses"] = remaining
     _write_points(ctx, "soak", p, [point])
     return [point]
+
+
+async def _moved(ctx: Context, since: float) -> int:
+    """This run's jobs in history."""
+    conn = await _connect(ctx)
+    try:
+        return int(
+            await conn.fetchval(
+                "SELECT count(*) FROM pgfleet.jobs_history WHERE created_at >= to_timestamp($1)",
+                since,
+            )
+        )
+    finally:
+        await conn.close()
+
+
+async def _capacity(dsn: str, backlog: int) -> float:
+    """The fleet's drain rate (jobs/s): ``backlog`` jobs due together a few seconds
+    ahead, timed from when they are due until none is left."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        due = await sampling.db_now(conn) + 3.0 + backlog / 20_000
+        await conn.execute(sampling.CAPACITY_FILL, backlog, due)
+        await asyncio.sleep(max(0.0, due - await sampling.db_now(conn)))
+        await sampling.wait_drained(conn, DRAIN_TIMEOUT)
+        return backlog / max(1e-3, await sampling.db_now(conn) - due)
+    finally:
+        await conn.close()
 
 
 async def _soak_measured(

@@ -82,6 +82,9 @@ class WorkerConfig:
     #: whose handler returned a result. Failed and cancelled jobs are kept as
     #: usual. A removed job reads as not found (``Queue.get`` None, a 404).
     remove_succeeded_jobs: bool = False
+    #: Finished jobs older than this move from the jobs table to its history, whose
+    #: days retention drops whole; None keeps them in the jobs table.
+    history_move_after: float | timedelta | None = 60.0
     #: How often the leader prunes finished jobs.
     prune_interval: float | timedelta = 60.0
     #: Rows deleted per pruning statement.
@@ -150,7 +153,7 @@ class WorkerConfig:
             raise InvalidOptions(
                 f"listen_dsn must be a non-empty connection string, got {self.listen_dsn!r}"
             )
-        for name in ("finished_job_retention", "default_timeout"):
+        for name in ("finished_job_retention", "default_timeout", "history_move_after"):
             object.__setattr__(self, name, _seconds(getattr(self, name), name, allow_none=True))
         if self.dead_worker_timeout < 2 * self.heartbeat_interval:  # type: ignore[operator]
             raise InvalidOptions(
@@ -381,6 +384,14 @@ WORKER_OPTIONS: tuple[ConfigOption, ...] = (
         "delete succeeded jobs as their outcome is recorded, unless awaited, in a "
         "workflow or with a result (no history of them)",
         kind="switch",
+    ),
+    ConfigOption(
+        "history_move_after",
+        "--history-move-after",
+        "HISTORY_MOVE_AFTER",
+        "seconds after which a finished job moves to history, whose days retention "
+        "drops whole (0: finished jobs stay in the jobs table)",
+        kind="seconds-or-off",
     ),
     ConfigOption("backoff_base", "--backoff-base", "BACKOFF_BASE", "first retry delay, seconds"),
     ConfigOption("backoff_cap", "--backoff-cap", "BACKOFF_CAP", "longest retry delay, seconds"),

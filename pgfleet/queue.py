@@ -462,7 +462,8 @@ class Queue:
 
     async def prune_finished(self, older_than: timedelta | float, *, batch_size: int = 1000) -> int:
         """Delete succeeded, failed and cancelled jobs finished longer ago than
-        ``older_than``, in batches of ``batch_size``; return how many."""
+        ``older_than``, in batches of ``batch_size``; return how many. In history,
+        whole days past the cutoff are dropped, and the rest deleted in batches."""
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
             raise InvalidOptions(f"older_than must be a non-negative duration, got {older_than!r}")
@@ -471,6 +472,15 @@ class Queue:
         total = 0
         while True:
             n = await self._store.job_prune_finished(
+                older_than_seconds=float(seconds), batch_size=batch_size
+            )
+            total += n
+            if n < batch_size:
+                break
+        dropped = await self._store.jobs_history_drop(older_than_seconds=float(seconds), exact=True)
+        total += sum(n for _, n in dropped)
+        while True:
+            n = await self._store.jobs_history_prune(
                 older_than_seconds=float(seconds), batch_size=batch_size
             )
             total += n

@@ -17,7 +17,7 @@ from pgfleet._runtime.claimer import ClaimLoop
 from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.flow import write_code_limits
 from pgfleet._runtime.listener import Listener
-from pgfleet._runtime.maintenance import Pruner, Rescuer, Vacuumer
+from pgfleet._runtime.maintenance import Historian, Pruner, Rescuer, Vacuumer
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet._runtime.services import Heartbeat, Identity, Periodic
 from pgfleet.config import WorkerConfig as WorkerConfig
@@ -196,6 +196,20 @@ class Worker:
                 batch_size=cfg.prune_batch_size,
             )
         )
+        move_after = cfg.optional_seconds("history_move_after")
+        self._historian = (
+            None
+            if move_after is None
+            else Historian(
+                self._db,
+                interval=cfg.seconds("prune_interval"),
+                is_leader=is_leader,
+                turn=turn,
+                move_after=move_after,
+                retention=retention,
+                batch_size=cfg.prune_batch_size,
+            )
+        )
         self._vacuumer = Vacuumer(
             self._db,
             interval=cfg.seconds("vacuum_interval"),
@@ -273,12 +287,20 @@ class Worker:
         return self._pruner
 
     @property
+    def historian(self) -> Historian | None:
+        """Moves finished jobs to history and drops its days past the retention
+        (None: history_move_after is off)."""
+        return self._historian
+
+    @property
     def vacuumer(self) -> Vacuumer:
         """Vacuums the jobs table when nothing else does (while this worker leads)."""
         return self._vacuumer
 
     def _chores(self) -> list[Periodic]:
         chores: list[Periodic] = [self._rescuer, self._vacuumer]
+        if self._historian is not None:
+            chores.append(self._historian)
         if self._pruner is not None:
             chores.append(self._pruner)
         return chores

@@ -1,7 +1,8 @@
 """The fleet's chores, each a ``Periodic`` service that acts only while this worker
-leads: the Rescuer recovers the jobs of dead workers, the Pruner deletes finished
-jobs past their retention, the Vacuumer vacuums the jobs table when nothing else
-does.
+leads: the Rescuer recovers the jobs of dead workers, the Historian moves finished
+jobs to their history and drops its days past the retention, the Pruner deletes
+finished jobs past their retention that stayed in the jobs table, the Vacuumer
+vacuums the jobs table when nothing else does.
 
 They take turns on one lock, so that together they hold at most one connection of
 the pool (the heartbeat's must never wait behind a long prune).
@@ -22,6 +23,10 @@ log = logging.getLogger("pgfleet")
 
 #: Most batches one prune round deletes; the next round goes on.
 PRUNE_ROUND_BATCHES = 100
+#: Most batches one history round moves (batches of prune_batch_size).
+HISTORY_ROUND_BATCHES = 300
+#: Days of history partitions the leader keeps created ahead of today.
+HISTORY_DAYS_AHEAD = 7
 
 
 class Chore(Periodic):
@@ -140,6 +145,76 @@ class Pruner(Chore):
             self.pruned += total
             log.info("pruned %d finished jobs older than %.0fs", total, self._retention)
         return total
+
+
+class Historian(Chore):
+    """Keeps the jobs table small: moves jobs finished longer ago than
+    ``move_after`` to ``pgfleet.jobs_history`` (a batch per statement), creates its
+    day partitions ahead (from the oldest day still to move, so a leader back after
+    a week offline covers the week too), and drops whole days past the retention.
+
+    Each round prepares partitions first, so a job moved at midnight has its day."""
+
+    name = "history"
+
+    def __init__(
+        self,
+        pool: Executor,
+        *,
+        interval: float,
+        is_leader: Callable[[], bool],
+        turn: asyncio.Lock,
+        move_after: float,
+        retention: float | None,
+        batch_size: int,
+        days_ahead: int = HISTORY_DAYS_AHEAD,
+    ) -> None:
+        super().__init__(pool, interval=interval, is_leader=is_leader, turn=turn)
+        self._move_after = move_after
+        self._retention = retention
+        self._batch = batch_size
+        self._ahead = days_ahead
+        self.moved = 0
+        self.partitions_created = 0
+        self.partitions_dropped = 0
+
+    async def chore(self) -> None:
+        await self.prepare()
+        await self.move()
+        await self.drop()
+
+    async def prepare(self) -> int:
+        """Create the missing day partitions; how many."""
+        created = await self._store.jobs_history_prepare(
+            ahead_days=self._ahead, retention=self._retention
+        )
+        if created:
+            self.partitions_created += created
+            log.info("created %d day partitions of pgfleet.jobs_history", created)
+        return created
+
+    async def move(self) -> int:
+        """One round: at most HISTORY_ROUND_BATCHES batches; how many moved."""
+        total = 0
+        for _ in range(HISTORY_ROUND_BATCHES):
+            n = await self._store.jobs_history_move(
+                older_than_seconds=self._move_after, batch_size=self._batch
+            )
+            total += n
+            if n < self._batch:
+                break
+        self.moved += total
+        return total
+
+    async def drop(self) -> list[str]:
+        """Drop the days of history past the retention (none when it is off)."""
+        if self._retention is None:
+            return []
+        dropped = await self._store.jobs_history_drop(older_than_seconds=self._retention)
+        for partition, rows in dropped:
+            log.info("dropped %s (about %d finished jobs past retention)", partition, rows)
+        self.partitions_dropped += len(dropped)
+        return [p for p, _ in dropped]
 
 
 class Vacuumer(Chore):

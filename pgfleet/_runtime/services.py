@@ -78,6 +78,10 @@ class Periodic:
     async def _loop(self) -> None:
         failing = False
         while not self._stop.is_set():
+            # Cleared before the round, not after: a kick or a stop that comes while
+            # the round runs (a chore waiting for its turn behind another) must end
+            # the wait below at once, not be lost and leave stop() to cut it short.
+            self._kick.clear()
             try:
                 await self.run_once()
             except Exception as exc:
@@ -93,7 +97,6 @@ class Periodic:
                 if failing:
                     log.info("%s rounds succeed again", self.name)
                 failing = False
-            self._kick.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._kick.wait(), self.next_wait())
 

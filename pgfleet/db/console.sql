@@ -15,7 +15,7 @@
 SELECT id, name, status::text AS status, attempt, max_attempts, priority, queue_name,
        job_key, limit_key, run_at, created_at, started_at, finished_at,
        left(last_error, 300) AS last_error, coalesce(snoozes, 0) AS snoozes
-FROM pgfleet.jobs
+FROM pgfleet.jobs_all
 WHERE ($1::pgfleet.job_status IS NULL OR status = $1)
   AND ($2::text IS NULL OR name = $2)
   AND ($3::text IS NULL OR queue_name = $3)
@@ -30,7 +30,7 @@ LIMIT $6;
 -- serves the filters (a kind or named queue among succeeded or cancelled jobs), a
 -- page reads only down to this id and offers to search on from there, so no page
 -- ever scans the whole table for a kind that has few jobs.
-SELECT id FROM pgfleet.jobs
+SELECT id FROM pgfleet.jobs_all
 WHERE id < $1 AND id >= $2
 ORDER BY id DESC
 OFFSET $3
@@ -51,7 +51,7 @@ ORDER BY role;
 
 -- name: console_dead_count :val
 -- Dead (failed) jobs of one kind: the count a bulk action's confirmation states.
-SELECT count(*) FROM pgfleet.jobs WHERE status = 'failed' AND name = $1;
+SELECT count(*) FROM pgfleet.jobs_all WHERE status = 'failed' AND name = $1;
 
 -- name: console_retry_dead :one
 -- Every dead job of kind $1 queued again now with fresh attempts, except one whose
@@ -103,5 +103,5 @@ LIMIT $2;
 SELECT c.id, c.job_name, c.definition, c.last_occurrence, c.last_job_id, c.updated_at,
        j.status::text AS last_job_status, j.finished_at AS last_job_finished_at
 FROM pgfleet.crons c
-LEFT JOIN pgfleet.jobs j ON j.id = c.last_job_id
+LEFT JOIN pgfleet.jobs_all j ON j.id = c.last_job_id
 ORDER BY c.id;

@@ -148,6 +148,11 @@ class Queries(QueryFile):
     job_reschedule: Query
     job_permanently_fail: Query
     job_complete: Query
+    jobs_history_restore: Query
+    jobs_history_move: Query
+    jobs_history_prepare: Query
+    jobs_history_drop: Query
+    jobs_history_prune: Query
     job_prune_finished: Query
     limits_set: Query
     limits_set_default: Query

@@ -140,25 +140,28 @@ SELECT pg_notify('pgfleet_jobs', ''), set_config('synchronous_commit', 'off', tr
 
 -- ---------------------------------------------------------------- reading jobs
 
+-- Reads of jobs go through pgfleet.jobs_all (jobs and their history, one snapshot):
+-- a job moving to history is seen in exactly one of them.
+
 -- name: job_get :one
-SELECT * FROM pgfleet.jobs WHERE id = $1;
+SELECT * FROM pgfleet.jobs_all WHERE id = $1;
 
 -- name: job_status_get :val
-SELECT status::text FROM pgfleet.jobs WHERE id = $1;
+SELECT status::text FROM pgfleet.jobs_all WHERE id = $1;
 
 -- name: job_status_many :many
-SELECT id, status::text AS status FROM pgfleet.jobs WHERE id = ANY($1::uuid[]);
+SELECT id, status::text AS status FROM pgfleet.jobs_all WHERE id = ANY($1::uuid[]);
 
 -- name: job_list_recent :many
 -- Newest first: ids are UUIDv7, so the primary key orders by creation.
-SELECT * FROM pgfleet.jobs
+SELECT * FROM pgfleet.jobs_all
 WHERE ($1::pgfleet.job_status IS NULL OR status = $1)
   AND ($2::text IS NULL OR name = $2)
 ORDER BY id DESC
 LIMIT $3;
 
 -- name: job_count_by_status :many
-SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs GROUP BY status;
+SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs_all GROUP BY status;
 
 -- name: job_count_queued :val
 -- Runnable backlog (optionally of one job name) for admission control, counted up
@@ -217,13 +220,27 @@ UPDATE pgfleet.jobs SET awaited = true
 WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running') AND awaited IS NOT TRUE;
 
 -- name: job_get_many :many
-SELECT * FROM pgfleet.jobs WHERE id = ANY($1::uuid[]);
+SELECT * FROM pgfleet.jobs_all WHERE id = ANY($1::uuid[]);
 
 -- name: job_cancels_of_worker :many
 -- The running jobs of worker $1 someone asked to cancel: the heartbeat's check,
 -- for cancel notifications that were lost.
 SELECT id FROM pgfleet.jobs
 WHERE status = 'running' AND locked_by = $1 AND cancel_requested_at IS NOT NULL;
+
+-- name: jobs_history_restore :val
+-- Jobs $1 (failed or cancelled), and every dead job named $2, moved back from
+-- history to pgfleet.jobs in one statement, so that the change that follows in the
+-- same transaction (a retry) finds them there; how many moved.
+WITH back AS (
+    DELETE FROM pgfleet.jobs_history h
+    WHERE (h.id = ANY($1::uuid[]) AND h.status IN ('failed', 'cancelled'))
+       OR (h.status = 'failed' AND h.name = $2::text)
+    RETURNING h.*
+), restored AS (
+    INSERT INTO pgfleet.jobs SELECT * FROM back RETURNING 1
+)
+SELECT count(*) FROM restored;
 
 -- name: job_retry :one
 -- The error history stays: it tells what the earlier runs met.
@@ -263,6 +280,58 @@ WITH target AS (
     SELECT pg_notify('pgfleet_done', t.id::text) FROM target t WHERE t.awaited IS TRUE
 )
 SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
+
+-- name: jobs_history_move :val
+-- One batch of jobs finished more than $1 seconds ago moved to history, in one
+-- statement (readers see each job in exactly one table). Jobs with parents stay:
+-- their dependency edges reference them.
+WITH doomed AS (
+    SELECT id FROM pgfleet.jobs j
+    WHERE status IN ('succeeded', 'failed', 'cancelled')
+      AND finished_at < now() - make_interval(secs => $1::float8)
+      AND NOT EXISTS (SELECT 1 FROM pgfleet.job_dependencies d WHERE d.child_id = j.id)
+    ORDER BY finished_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+), moved AS (
+    DELETE FROM pgfleet.jobs j USING doomed WHERE j.id = doomed.id RETURNING j.*
+), kept AS (
+    INSERT INTO pgfleet.jobs_history SELECT * FROM moved RETURNING 1
+)
+SELECT count(*) FROM kept;
+
+-- name: jobs_history_prepare :val
+-- History's missing day partitions created, from the day of the oldest finished job
+-- still in pgfleet.jobs (but not before the retention's cutoff, $2 seconds ago;
+-- NULL: no retention) or today, to $1 days ahead; how many were created.
+SELECT pgfleet.jobs_history_prepare(
+    (SELECT CASE WHEN min(finished_at) IS NOT NULL THEN
+                GREATEST((min(finished_at) AT TIME ZONE 'UTC')::date,
+                         ((now() - make_interval(secs => $2::float8)) AT TIME ZONE 'UTC')::date)
+            END
+     FROM pgfleet.jobs WHERE status IN ('succeeded', 'failed', 'cancelled')),
+    $1::integer);
+
+-- name: jobs_history_drop :many
+-- Whole days of history finished more than $1 seconds ago dropped, waiting at most
+-- $2 (a lock_timeout) for the table's lock; their rows estimated, or counted when $3.
+SELECT partition, n
+FROM pgfleet.jobs_history_drop(now() - make_interval(secs => $1::float8), $2::text,
+                               $3::boolean);
+
+-- name: jobs_history_prune :val
+-- One bounded batch of history's rows finished more than $1 seconds ago, deleted:
+-- what is left of a day that is not yet wholly past the cutoff (Queue.prune_finished;
+-- the leader's retention only drops whole days).
+WITH doomed AS (
+    SELECT id, finished_at FROM pgfleet.jobs_history
+    WHERE finished_at < now() - make_interval(secs => $1::float8)
+    LIMIT $2
+), deleted AS (
+    DELETE FROM pgfleet.jobs_history h USING doomed
+    WHERE h.id = doomed.id AND h.finished_at = doomed.finished_at RETURNING 1
+)
+SELECT count(*) FROM deleted;
 
 -- name: job_prune_finished :val
 -- One bounded batch of finished jobs older than the cutoff.
@@ -945,7 +1014,7 @@ WITH queued AS (
     SELECT name, count(*) AS running FROM pgfleet.jobs
     WHERE status = 'running' AND started_at IS NOT NULL GROUP BY name
 ), dead AS (
-    SELECT name, count(*) AS dead FROM pgfleet.jobs WHERE status = 'failed' GROUP BY name
+    SELECT name, count(*) AS dead FROM pgfleet.jobs_all WHERE status = 'failed' GROUP BY name
 )
 SELECT name,
        COALESCE(q.queued, 0) AS queued,
@@ -1067,7 +1136,9 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $
 -- parent as having children. Marking a parent locks its row until this transaction
 -- ends, so a parent finishing meanwhile either finished before (its status is
 -- returned here, and job_settle_new settles it) or waits, and its trigger then sees
--- these edges. Returns each distinct parent with its status; NULL: no such job.
+-- these edges. A parent in history (finished) is read there, after the update
+-- (pgfleet.job_status_now: a snapshot of its own, so one that moved while the update
+-- waited is found). Returns each distinct parent with its status; NULL: no such job.
 WITH edge AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::boolean[], $4::boolean[])
         AS e(child_id, parent_id, run_anyway, batch)
@@ -1079,7 +1150,8 @@ WITH edge AS (
     INSERT INTO pgfleet.job_dependencies (child_id, parent_id, run_anyway, batch)
     SELECT e.child_id, e.parent_id, e.run_anyway, e.batch FROM edge e
 )
-SELECT e.parent_id, p.status::text AS status
+SELECT e.parent_id,
+       COALESCE(p.status::text, pgfleet.job_status_now(e.parent_id)::text) AS status
 FROM (SELECT DISTINCT parent_id FROM edge) e LEFT JOIN parent p ON p.id = e.parent_id;
 
 -- name: job_settle_new :val
@@ -1109,7 +1181,7 @@ GROUP BY c.id, c.status;
 -- when it finished if it was pruned since.
 SELECT d.parent_id AS id, p.name, COALESCE(p.status::text, d.outcome::text) AS status,
        d.run_anyway, d.batch
-FROM pgfleet.job_dependencies d LEFT JOIN pgfleet.jobs p ON p.id = d.parent_id
+FROM pgfleet.job_dependencies d LEFT JOIN pgfleet.jobs_all p ON p.id = d.parent_id
 WHERE d.child_id = $1
 ORDER BY d.parent_id
 LIMIT $2;

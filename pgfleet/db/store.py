@@ -67,6 +67,7 @@ _PERMANENTLY_FAIL = translate_errors("permanently_fail")
 _COMPLETE = translate_errors("complete")
 _FORCE_UNLOCK = translate_errors("force_unlock_worker")
 _PRUNE = translate_errors("prune")
+_HISTORY = translate_errors("history")
 _HEARTBEAT = translate_errors("heartbeat")
 _DEREGISTER = translate_errors("deregister")
 _RESCUE = translate_errors("rescue")
@@ -364,9 +365,17 @@ class Store:
     # ------------------------------------------------------------ management
 
     async def job_retry(self, *, id: UUID) -> Job | None:
-        """The job queued again, or None when it is not failed or cancelled."""
-        with _RETRY:
-            row = await self.db.fetchrow(Q.job_retry.sql, id)
+        """The job queued again, or None when it is not failed or cancelled. A job
+        in history is moved back to the jobs table first, in the same transaction;
+        once more if the leader moved it to history meanwhile."""
+        row = None
+        for _ in range(2):
+            async with self.transaction("retry") as tx:
+                with _RETRY:
+                    restored = await tx.db.fetchval(Q.jobs_history_restore.sql, [id], None)
+                    row = await tx.db.fetchrow(Q.job_retry.sql, id)
+            if row is not None or restored:
+                break
         return None if row is None else job_from_record(row)
 
     async def job_reschedule(
@@ -386,6 +395,39 @@ class Store:
         with _COMPLETE:
             row = await self.db.fetchrow(Q.job_complete.sql, id)
         return None if row is None else job_from_record(row)
+
+    async def jobs_history_move(self, *, older_than_seconds: float, batch_size: int) -> int:
+        """Move one batch of jobs finished longer ago than the cutoff to history."""
+        with _HISTORY:
+            return int(
+                await self.db.fetchval(Q.jobs_history_move.sql, older_than_seconds, batch_size)
+            )
+
+    async def jobs_history_prepare(self, *, ahead_days: int, retention: float | None) -> int:
+        """Create history's missing day partitions, from the oldest finished job
+        still to move (not before the retention's cutoff) to ``ahead_days`` after
+        today; how many were created."""
+        with _HISTORY:
+            return int(await self.db.fetchval(Q.jobs_history_prepare.sql, ahead_days, retention))
+
+    async def jobs_history_drop(
+        self, *, older_than_seconds: float, lock_timeout: str = "5s", exact: bool = False
+    ) -> list[tuple[str, int]]:
+        """Drop history's whole days finished longer ago than the cutoff (and the
+        DEFAULT partition's rows before it): (partition, its rows) each, estimated
+        unless ``exact``."""
+        with _HISTORY:
+            rows = await self.db.fetch(
+                Q.jobs_history_drop.sql, older_than_seconds, lock_timeout, exact
+            )
+        return [(r["partition"], int(r["n"])) for r in rows]
+
+    async def jobs_history_prune(self, *, older_than_seconds: float, batch_size: int) -> int:
+        """Delete one batch of history's rows finished longer ago than the cutoff."""
+        with _PRUNE:
+            return int(
+                await self.db.fetchval(Q.jobs_history_prune.sql, older_than_seconds, batch_size)
+            )
 
     async def job_prune_finished(self, *, older_than_seconds: float, batch_size: int) -> int:
         """Delete one batch of jobs finished longer ago than the cutoff; how many."""
@@ -746,14 +788,18 @@ class Store:
 
     async def console_retry_dead(self, *, name: str) -> tuple[int, int]:
         """(retried, skipped because another job holds their key)."""
-        with _CONSOLE:
-            row = await self.db.fetchrow(CQ.console_retry_dead.sql, name)
+        async with self.transaction("console") as tx:
+            with _CONSOLE:
+                await tx.db.fetchval(Q.jobs_history_restore.sql, [], name)
+                row = await tx.db.fetchrow(CQ.console_retry_dead.sql, name)
         assert row is not None  # a SELECT without FROM: always one row
         return int(row["retried"]), int(row["skipped"])
 
     async def console_cancel_dead(self, *, name: str) -> int:
-        with _CONSOLE:
-            return int(await self.db.fetchval(CQ.console_cancel_dead.sql, name))
+        async with self.transaction("console") as tx:
+            with _CONSOLE:
+                await tx.db.fetchval(Q.jobs_history_restore.sql, [], name)
+                return int(await tx.db.fetchval(CQ.console_cancel_dead.sql, name))
 
     async def console_worker_jobs(self, *, worker_id: UUID, limit: int) -> list[Record]:
         with _CONSOLE:

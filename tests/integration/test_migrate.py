@@ -25,6 +25,8 @@ EXPECTED_TABLES = {
     "flow_turns",
     "limit_starts",
     "job_dependencies",
+    "jobs_history",  # 0010: partitioned by day; the leader creates the days
+    "jobs_history_default",
 }
 EXPECTED_INDEXES = {
     "jobs_pkey",
