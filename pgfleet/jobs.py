@@ -356,6 +356,9 @@ class Job:
     #: (:meth:`Queue.cancel`); ``cancelled_by`` stays on the cancelled job.
     cancel_requested_at: datetime | None = None
     cancelled_by: str | None = None
+    #: The key its flow control counts it under (``EnqueueOptions(limit_key=...)``):
+    #: a tenant or an account; per-key limits and fair turns go by it.
+    limit_key: str | None = None
 
     @property
     def is_last_attempt(self) -> bool:

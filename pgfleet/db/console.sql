@@ -11,12 +11,14 @@
 -- rows to read: no filter (the primary key, walked backwards), or a status whose
 -- partial index holds only live work or retained dead jobs (failed: jobs_failed_name;
 -- queued: jobs_runnable; running: jobs_running_worker). Payloads are not read.
+-- $7: a limit key (a filter like the name and the named queue).
 SELECT id, name, status::text AS status, attempt, max_attempts, priority, queue_name,
-       job_key, run_at, created_at, started_at, finished_at, left(last_error, 300) AS last_error
+       job_key, limit_key, run_at, created_at, started_at, finished_at, left(last_error, 300) AS last_error
 FROM pgfleet.jobs
 WHERE ($1::pgfleet.job_status IS NULL OR status = $1)
   AND ($2::text IS NULL OR name = $2)
   AND ($3::text IS NULL OR queue_name = $3)
+  AND ($7::text IS NULL OR limit_key = $7)
   AND id < $4 AND id >= $5
 ORDER BY id DESC
 LIMIT $6;

@@ -586,7 +586,7 @@ SELECT false AS claimed, NULL::boolean AS held, d.id, NULL::text AS name, NULL::
        NULL::integer AS max_attempts, NULL::smallint AS priority, NULL::text AS queue_name,
        NULL::text AS job_key, NULL::float8 AS run_at, NULL::float8 AS created_at,
        NULL::float8 AS started_at, NULL::text AS last_error, NULL::uuid AS lock_token,
-       NULL::text AS trace_context, NULL::integer AS snoozes
+       NULL::text AS trace_context, NULL::integer AS snoozes, NULL::text AS limit_key
 FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT count(*) FROM tell) t
 
 -- name: job_complete_and_claim :many
@@ -681,7 +681,7 @@ UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
-       c.lock_token, c.trace_context::text, c.snoozes
+       c.lock_token, c.trace_context::text, c.snoozes, c.limit_key
 FROM claimed c
 UNION ALL
 -- The pace of this worker's rate-limited names with due jobs (seconds, in run_at):
@@ -690,7 +690,7 @@ UNION ALL
 -- instead of the poll interval. (This statement's snapshot does not see this
 -- round's starts: a window this round filled shows up in the next round.)
 SELECT false, true, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       min(w.wait), NULL, NULL, NULL, NULL, NULL, NULL
+       min(w.wait), NULL, NULL, NULL, NULL, NULL, NULL, NULL
 FROM (
     SELECT CASE WHEN NOT l.per_key AND st.n >= l.rate
                 THEN greatest(extract(epoch FROM st.oldest + make_interval(secs => l.per)
@@ -711,14 +711,14 @@ HAVING count(*) > 0
 UNION ALL
 -- Flow control is in play for this worker: the next round is a full one too.
 SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE (SELECT g.flow FROM gate g)
 UNION ALL
 SELECT true, f.started_at IS NULL, f.id, f.name, f.payload::text, f.attempt, f.max_attempts,
        f.priority, f.queue_name, f.job_key, date_part('epoch', f.run_at),
        date_part('epoch', f.created_at), date_part('epoch', COALESCE(f.started_at, now())),
        f.last_error,
-       f.lock_token, f.trace_context::text, f.snoozes
+       f.lock_token, f.trace_context::text, f.snoozes, f.limit_key
 FROM flow f;
 
 -- name: job_complete_and_claim_lean :many
@@ -772,11 +772,11 @@ UNION ALL
 SELECT true, c.started_at IS NULL, c.id, c.name, c.payload::text, c.attempt, c.max_attempts,
        c.priority, c.queue_name, c.job_key, date_part('epoch', c.run_at),
        date_part('epoch', c.created_at), date_part('epoch', now()), c.last_error,
-       c.lock_token, c.trace_context::text, c.snoozes
+       c.lock_token, c.trace_context::text, c.snoozes, c.limit_key
 FROM claimed c
 UNION ALL
 SELECT false, false, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       NULL, NULL, NULL, NULL, NULL, NULL, NULL
+       NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
 WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = ANY($7::text[]))
    OR EXISTS (SELECT 1 FROM pgfleet.jobs k
               WHERE k.status = 'queued' AND k.limited AND k.name = ANY($7::text[]));

@@ -722,12 +722,13 @@ class Store:
         before: UUID,
         floor: UUID,
         limit: int,
+        key: str | None = None,
     ) -> list[Record]:
         """A page of jobs (no payloads), newest first: the console reads its rows."""
         st = None if status is None else status.value
         with _CONSOLE:
             return await self.db.fetch(
-                CQ.console_jobs_page.sql, st, name, queue, before, floor, limit
+                CQ.console_jobs_page.sql, st, name, queue, before, floor, limit, key
             )
 
     async def console_now(self) -> datetime:

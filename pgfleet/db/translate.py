@@ -168,6 +168,7 @@ def job_from_record(r: Record) -> Job:
         snoozes=r["snoozes"] or 0,
         cancel_requested_at=r["cancel_requested_at"],
         cancelled_by=r["cancelled_by"],
+        limit_key=r["limit_key"],
     )
 
 
@@ -228,7 +229,7 @@ class _Stamps(dict[float, datetime]):
 ROUND_COLUMNS = (
     "claimed", "held", "id", "name", "payload", "attempt", "max_attempts", "priority",
     "queue_name", "job_key", "run_at", "created_at", "started_at", "last_error", "lock_token",
-    "trace_context", "snoozes",
+    "trace_context", "snoozes", "limit_key",
 )  # fmt: skip
 _CLAIMED = ROUND_COLUMNS.index("claimed")
 _ID = ROUND_COLUMNS.index("id")
@@ -282,12 +283,13 @@ def round_result(rows: Sequence[Record], worker_id: UUID) -> tuple[list[Job], li
     ahead: list[tuple[int, float, UUID, Job]] = []
     for row, payload in zip(claimed, values, strict=True):
         # By position (ROUND_COLUMNS): by name costs five times as much per row (measured).
-        (_, held, id_, name, _, attempt, max_attempts, priority, queue_name, job_key,
-         run_at, created_at, started_at, last_error, token, trace, snoozes) = row  # fmt: skip
+        (_, held, id_, name, _, attempt, max_attempts, priority, queue_name, job_key, run_at,
+         created_at, started_at, last_error, token, trace, snoozes, limit_key) = row  # fmt: skip
         job = make_job(
             id_, name, payload, running, attempt, max_attempts, priority, queue_name,
             job_key, stamps[run_at], stamps[created_at], stamps[started_at], None,
             last_error, worker_id, token, trace, None, (), 0, snoozes or 0, None, None,
+            limit_key,
         )  # fmt: skip
         if held:
             ahead.append((priority, run_at, id_, job))

@@ -195,6 +195,10 @@ def _job_view_schema() -> dict[str, Any]:
             "finished_at": _TIME,
             "queue_name": {"$ref": _REF + "JobName"},
             "job_key": {"type": "string"},
+            "limit_key": {
+                "type": "string",
+                "description": "The key its flow control counts it under, when enqueued with one.",
+            },
             "error": {
                 "type": "string",
                 "description": "The last error, on a failed job or one between attempts.",

@@ -26,7 +26,7 @@ def timestamp(value: datetime | None) -> str | None:
 def job_view(job: Job) -> dict[str, Any]:
     """The status record of a job: id, name, status, attempts and timestamps, plus
     ``error``, ``started_at``, ``finished_at``, ``queue_name``, ``job_key``,
-    ``worker_id``, ``result`` (a succeeded job's return value), ``errors`` (each
+    ``limit_key``, ``worker_id``, ``result`` (a succeeded job's return value), ``errors`` (each
     failed attempt's, oldest first) and ``errors_omitted``, ``snoozes``,
     ``cancel_requested_at`` and ``cancelled_by`` only when the job has them."""
     view: dict[str, Any] = {
@@ -44,6 +44,7 @@ def job_view(job: Job) -> dict[str, Any]:
         "finished_at": timestamp(job.finished_at),
         "queue_name": job.queue_name,
         "job_key": job.job_key,
+        "limit_key": job.limit_key,
         "error": job.last_error if job.status in _ERROR_STATES else None,
         "worker_id": str(job.worker_id)
         if job.worker_id is not None and job.status is JobStatus.RUNNING

@@ -521,3 +521,30 @@ async def test_the_job_page_shows_the_result_the_failed_attempts_and_cancels_a_r
     job = await queue.get(running)
     assert job is not None and job.cancel_requested_at is not None
     assert job.cancelled_by == "console:api-token"
+
+
+async def test_a_jobs_limit_key_is_on_its_page_its_api_view_and_filters_the_list(
+    fleet: Fleet, pool: asyncpg.Pool
+) -> None:
+    api = await fleet.api(env={"PGFLEET_API_TOKEN": TOKEN})
+    queue = Queue(pool)
+    keyed = await queue.enqueue("export", options=EnqueueOptions(limit_key="tenant-4c1e"))
+    plain = await queue.enqueue("export")
+    async with session() as http:
+        async with http.get(
+            f"{api.url}/jobs/{keyed}", headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as resp:
+            assert resp.status == 200
+            assert (await resp.json())["limit_key"] == "tenant-4c1e"
+        await login(http, api.url)
+        async with http.get(f"{api.url}/ui/jobs/{keyed}") as resp:
+            text = await resp.text()
+        assert resp.status == 200
+        assert 'href="/ui/jobs?key=tenant-4c1e"' in text
+        async with http.get(f"{api.url}/ui/jobs", params={"key": "tenant-4c1e"}) as resp:
+            listed = await resp.text()
+        assert resp.status == 200
+        assert str(keyed) in listed and str(plain) not in listed
+        async with http.get(f"{api.url}/ui/jobs", params={"key": "x" * 600}) as resp:
+            assert resp.status == 400
+            assert "limit_key" in await resp.text()

@@ -52,7 +52,9 @@ async def pgfleet_jobs(*args: str, dsn: str | None = None) -> Run:
 async def test_list_get_counts_and_workers(database: str, pool: asyncpg.Pool) -> None:
     queue = Queue(pool)
     first = await queue.enqueue("send_email", {"to": "a@b.c"})
-    second = await queue.enqueue("resize", options=EnqueueOptions(job_key="img-1"))
+    second = await queue.enqueue(
+        "resize", options=EnqueueOptions(job_key="img-1", limit_key="acme")
+    )
     await put_in_state(pool, second, "failed")
     worker_id = uuid.uuid4()
     await register_worker(pool, worker_id)
@@ -74,6 +76,9 @@ async def test_list_get_counts_and_workers(database: str, pool: asyncpg.Pool) ->
     assert got.code == 0, got.err
     assert got.json()["status"] == "queued"
     assert "payload" not in got.json()
+    keyed = await pgfleet_jobs("get", str(second), "--json", dsn=database)
+    assert (keyed.json()["job_key"], keyed.json()["limit_key"]) == ("img-1", "acme")
+    assert "limit_key     acme" in (await pgfleet_jobs("get", str(second), dsn=database)).out
     with_payload = await pgfleet_jobs("get", str(first), "--payload", dsn=database)
     assert with_payload.code == 0
     assert 'payload       {"to": "a@b.c"}' in with_payload.out

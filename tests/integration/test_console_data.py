@@ -12,7 +12,7 @@ import asyncpg
 import pytest
 
 from pgfleet import EnqueueOptions, JobStatus, Queue
-from pgfleet.errors import InvalidName
+from pgfleet.errors import InvalidName, InvalidOptions
 from pgfleet.service.console.data import ConsoleData, JobFilter
 
 
@@ -40,11 +40,15 @@ async def ids(pool: asyncpg.Pool, where: str = "true", *args: Any) -> list[UUID]
 
 @pytest.fixture
 async def mixed(pool: asyncpg.Pool) -> Queue:
-    """130 jobs: three kinds, some in named queues, some dead, cancelled, running."""
+    """130 jobs: three kinds, some in named queues, some with a limit key, some dead,
+    cancelled, running."""
     queue = Queue(pool)
     for n in range(130):
         kind = "rare" if n % 20 == 0 else ("email" if n % 2 else "resize")
-        opts = EnqueueOptions(queue_name="tenant-a" if n % 7 == 0 else None)
+        opts = EnqueueOptions(
+            queue_name="tenant-a" if n % 7 == 0 else None,
+            limit_key="acme" if n % 4 == 0 else None,
+        )
         job = await queue.enqueue(kind, {"n": n}, options=opts)
         if n % 5 == 0:
             await queue.permanently_fail(job, f"boom {n}")
@@ -80,6 +84,12 @@ async def test_pages_walk_every_job_newest_first_without_gaps_or_repeats(
         ),
         (JobFilter(name="rare"), "name = $1", ("rare",)),
         (JobFilter(queue="tenant-a"), "queue_name = $1", ("tenant-a",)),
+        (JobFilter(key="acme"), "limit_key = $1", ("acme",)),
+        (
+            JobFilter(status=JobStatus.FAILED, key="acme"),
+            "status = 'failed' AND limit_key = $1",
+            ("acme",),
+        ),
         (JobFilter(status=JobStatus.CANCELLED), "status = 'cancelled'", ()),
         (
             JobFilter(status=JobStatus.SUCCEEDED, name="resize"),
@@ -172,6 +182,8 @@ def test_filters_refuse_invalid_names() -> None:
         JobFilter(name="no spaces")
     with pytest.raises(InvalidName, match="queue name"):
         JobFilter(queue="x" * 200)
+    with pytest.raises(InvalidOptions, match="limit_key"):
+        JobFilter(key="x" * 600)
 
 
 def _nodes(plan: dict[str, Any]) -> list[str]:
@@ -193,12 +205,13 @@ async def test_no_console_query_scans_the_jobs_table(pool: asyncpg.Pool) -> None
     await pool.execute("ANALYZE pgfleet.jobs")
     page = CQ.console_jobs_page.sql
     cases = {
-        "newest": (page, None, None, None, MAX_ID, MIN_ID, 51),
-        "dead": (page, "failed", None, None, MAX_ID, MIN_ID, 51),
-        "dead of a kind": (page, "failed", "charge_card", None, MAX_ID, MIN_ID, 51),
-        "queued": (page, "queued", None, None, MAX_ID, MIN_ID, 51),
-        "queued in a named queue": (page, "queued", None, "tenant-3", MAX_ID, MIN_ID, 51),
-        "running": (page, "running", None, None, MAX_ID, MIN_ID, 51),
+        "newest": (page, None, None, None, MAX_ID, MIN_ID, 51, None),
+        "dead": (page, "failed", None, None, MAX_ID, MIN_ID, 51, None),
+        "dead of a kind": (page, "failed", "charge_card", None, MAX_ID, MIN_ID, 51, None),
+        "dead of a limit key": (page, "failed", None, None, MAX_ID, MIN_ID, 51, "tenant-3"),
+        "queued": (page, "queued", None, None, MAX_ID, MIN_ID, 51, None),
+        "queued in a named queue": (page, "queued", None, "tenant-3", MAX_ID, MIN_ID, 51, None),
+        "running": (page, "running", None, None, MAX_ID, MIN_ID, 51, None),
         "window end": (CQ.console_jobs_window_end.sql, MAX_ID, MIN_ID, 9_999),
         "dead count": (CQ.console_dead_count.sql, "charge_card"),
         "worker jobs": (CQ.console_worker_jobs.sql, UUID(int=1), 100),

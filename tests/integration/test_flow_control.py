@@ -337,3 +337,26 @@ async def test_the_metrics_show_jobs_waiting_on_a_pause_and_how_long_it_lasts(
         (s.labels["target"], s.labels["name"]) for s in families["pgfleet_paused_seconds"].samples
     }
     assert paused == {("job_name", "held"), ("queue", "ledger")}
+
+
+async def test_a_jobs_limit_key_is_on_the_job_its_handler_gets_and_on_queue_get(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    keyed = await queue.enqueue("report", {}, options=EnqueueOptions(limit_key="acme"))
+    plain = await queue.enqueue("report", {})
+    assert (await queue.get(keyed)).limit_key == "acme"  # type: ignore[union-attr]
+    assert (await queue.get(plain)).limit_key is None  # type: ignore[union-attr]
+    seen: dict[Any, str | None] = {}
+    registry = Registry()
+
+    @registry.job("report")
+    async def report(job: Job) -> None:
+        seen[job.id] = job.limit_key
+
+    recorder = Recorder()
+    async with running_worker(pool, registry, WorkerConfig(concurrency=4, **FAST), recorder):
+        await recorder.until(lambda: len(recorder.finished) == 2)
+    assert seen == {keyed: "acme", plain: None}
+    done = await queue.get(keyed)
+    assert done is not None and done.limit_key == "acme"

@@ -442,6 +442,7 @@ class Console:
             status=_status(q.get("status")),
             name=_job_name(q),
             queue=q.get("queue") or None,
+            key=q.get("key") or None,
             since=_moment(q.get("from"), "from"),
             until=_moment(q.get("to"), "to"),
         )

@@ -11,7 +11,7 @@ from uuid import UUID
 from pgfleet.db.deadlines import AppPool
 from pgfleet.db.store import KindStats, Store
 from pgfleet.db.types import Record
-from pgfleet.jobs import JobStatus, WorkerInfo, validate_name
+from pgfleet.jobs import EnqueueOptions, JobStatus, WorkerInfo, validate_name
 from pgfleet.limits import Limit, Paused
 from pgfleet.queue import Queue
 
@@ -31,6 +31,8 @@ class JobFilter:
     status: JobStatus | None = None
     name: str | None = None
     queue: str | None = None
+    #: A limit key (``EnqueueOptions(limit_key=...)``).
+    key: str | None = None
     #: Created at or after / before (the id's timestamp).
     since: datetime | None = None
     until: datetime | None = None
@@ -40,12 +42,14 @@ class JobFilter:
             validate_name(self.name, "job name")
         if self.queue is not None:
             validate_name(self.queue, "queue name")
+        if self.key is not None:
+            EnqueueOptions(limit_key=self.key)  # the enqueue's checks, its error
 
     @property
     def bounded(self) -> bool:
         """True when an index bounds the rows this filter reads; else pages read a
         window of the newest jobs below the cursor."""
-        no_column_filter = self.name is None and self.queue is None
+        no_column_filter = self.name is None and self.queue is None and self.key is None
         if self.status is None:
             return no_column_filter
         if self.status in INDEXED_STATUSES:
@@ -107,6 +111,7 @@ class ConsoleData:
                 status=f.status,
                 name=f.name,
                 queue=f.queue,
+                key=f.key,
                 before=upper,
                 floor=lower,
                 limit=limit + 1,

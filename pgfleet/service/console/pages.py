@@ -361,6 +361,7 @@ def jobs_page(
         "status": f.status.value if f.status else None,
         "name": f.name,
         "queue": f.queue,
+        "key": f.key,
         "from": f.since.strftime("%Y-%m-%dT%H:%M") if f.since else None,
         "to": f.until.strftime("%Y-%m-%dT%H:%M") if f.until else None,
     }
@@ -371,6 +372,7 @@ def jobs_page(
             badge(r["status"]),
             f"{r['attempt']}/{r['max_attempts']}",
             r["queue_name"] or "",
+            r["limit_key"] or "",
             when(r["created_at"], now),
             when(r["run_at"], now) if r["status"] == "queued" else when(r["finished_at"], now),
             el("span", {"class": "err"}, first_line(r["last_error"])),
@@ -422,6 +424,7 @@ def jobs_page(
                 "Status",
                 "Attempt",
                 "Queue",
+                "Limit key",
                 "Created",
                 "Run at / finished",
                 "Last error",
@@ -453,6 +456,12 @@ def filter_form(f: JobFilter) -> Markup:
             None,
             "Queue ",
             el("input", {"name": "queue", "id": "f-queue", "value": f.queue or "", "size": 12}),
+        ),
+        el(
+            "label",
+            None,
+            "Limit key ",
+            el("input", {"name": "key", "id": "f-key", "value": f.key or "", "size": 12}),
         ),
         el(
             "label",
@@ -510,6 +519,12 @@ def job_page(
         ("Priority", job.priority),
         ("Named queue", job.queue_name or "—"),
         ("Job key", job.job_key or "—"),
+        (
+            "Limit key",
+            el("a", {"href": url(f"{BASE}/jobs", key=job.limit_key)}, job.limit_key)
+            if job.limit_key
+            else "—",
+        ),
         ("Run at", join(when(job.run_at), " (", ago(job.run_at, now), ")")),
         ("Created", when(job.created_at)),
         ("Started (last attempt)", when(job.started_at) if job.started_at else "—"),

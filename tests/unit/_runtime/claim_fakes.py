@@ -256,7 +256,7 @@ def claimed_row(job: Job, *, held: bool) -> Row:
         True, held, job.id, job.name, json.dumps(job.payload), job.attempt, job.max_attempts,
         job.priority, job.queue_name, job.job_key, job.run_at.timestamp(),
         job.created_at.timestamp(), job.created_at.timestamp(), job.last_error, job.lock_token,
-        None, job.snoozes,
+        None, job.snoozes, job.limit_key,
     )  # fmt: skip
 
 

@@ -84,6 +84,7 @@ def test_a_claimed_row_becomes_a_running_job_of_the_claiming_worker() -> None:
         max_attempts=3,
         priority=0,
         job_key="k",
+        limit_key="tenant-7",
         run_at=epoch,
         created_at=epoch - 1.5,
         started_at=epoch,
@@ -94,7 +95,7 @@ def test_a_claimed_row_becomes_a_running_job_of_the_claiming_worker() -> None:
     assert job.status is JobStatus.RUNNING
     assert job.payload == {"to": "a@b"}
     assert (job.worker_id, job.lock_token, job.finished_at) == (worker, token, None)
-    assert (job.name, job.attempt, job.job_key) == ("send", 1, "k")
+    assert (job.name, job.attempt, job.job_key, job.limit_key) == ("send", 1, "k", "tenant-7")
     assert (job.run_at, job.started_at) == (now, now)
     assert job.created_at == now - timedelta(seconds=1.5)
 

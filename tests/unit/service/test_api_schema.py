@@ -311,8 +311,8 @@ def test_job_view_is_flat_and_never_has_the_payload() -> None:
     assert "worker_id" not in failed
     succeeded = job_view(_job(JobStatus.SUCCEEDED, attempt=2, last_error="old", finished_at=t))
     assert "error" not in succeeded
-    keyed = job_view(_job(JobStatus.QUEUED, queue_name="q", job_key="k"))
-    assert (keyed["queue_name"], keyed["job_key"]) == ("q", "k")
+    keyed = job_view(_job(JobStatus.QUEUED, queue_name="q", job_key="k", limit_key="acme"))
+    assert (keyed["queue_name"], keyed["job_key"], keyed["limit_key"]) == ("q", "k", "acme")
     for view in (queued, running, retrying, failed, succeeded, keyed):
         assert "payload" not in view
         assert "s3cr3t" not in json.dumps(view)

@@ -81,6 +81,8 @@ def test_filters_no_index_serves_are_read_in_windows() -> None:
     assert JobFilter(status=JobStatus.SUCCEEDED).bounded
     assert not JobFilter(name="k").bounded
     assert not JobFilter(queue="q").bounded
+    assert not JobFilter(key="acme").bounded
+    assert JobFilter(status=JobStatus.FAILED, key="acme").bounded
     assert not JobFilter(status=JobStatus.CANCELLED).bounded
     assert not JobFilter(status=JobStatus.SUCCEEDED, name="k").bounded
 
