@@ -120,6 +120,8 @@ class JobRunner:
         self._launched: dict[uuid.UUID, tuple[Job, _Deadline | None]] = {}
         #: Whether INFO is on for the jobs of the latest round (checked once a round).
         self._info = True
+        #: The context each job's task starts from a copy of (see ``launch``).
+        self._base = contextvars.copy_context()
 
     @property
     def free(self) -> int:
@@ -178,6 +180,10 @@ class JobRunner:
         """Start a task for each job (the claim only takes names we serve): first
         ``jobs``, claimed to start now, then ``ahead``, claimed to be held; what
         finds no free slot is held until slots free up."""
+        # Every job's task starts from a copy of the context of the loop that
+        # launches jobs, also when a finished job's own task starts the next one:
+        # what a handler set in its context never reaches another job.
+        self._base = contextvars.copy_context()
         free = max(self.free, 0)
         if len(jobs) > free:  # only if the claim raced a refill: rare
             self._hold(jobs[free:])
@@ -258,12 +264,15 @@ class JobRunner:
         registry = self._registry
         running = self.running
         launched = self._launched
+        base = self._base
         for job in jobs:
             handler = registry.get(job.name)
             assert handler is not None
             timeout = handler.timeout if handler.timeout is not None else self._default_timeout
             deadline = None if timeout is None else self._deadline(timeout, now, loop)
-            task = loop.create_task(self._run(handler, job, tracer, timeout, deadline))
+            task = loop.create_task(
+                self._run(handler, job, tracer, timeout, deadline), context=base.copy()
+            )
             running[job.id] = task
             launched[job.id] = (job, deadline)
             if deadline is not None:

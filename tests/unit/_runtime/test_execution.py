@@ -4,6 +4,7 @@ what their outcomes tell the next claim round."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import threading
 
@@ -152,3 +153,27 @@ async def test_jobs_with_one_timeout_started_close_together_share_one_timer() ->
     assert deadline.tasks == {}
     runner.close()
     assert runner._deadlines == {}
+
+
+_SET_BY_A_HANDLER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "set_by_a_handler", default=None
+)
+
+
+async def test_what_a_handler_sets_in_its_context_never_reaches_the_next_job() -> None:
+    # The next held job starts from the finished job's own task, but from a copy of
+    # the launching loop's context, not of the finished handler's.
+    outcomes: list[Outcome] = []
+    registry = Registry()
+    seen: list[str | None] = []
+
+    @registry.job("leaky")
+    async def leaky(job: Job) -> None:
+        seen.append(_SET_BY_A_HANDLER.get())
+        _SET_BY_A_HANDLER.set(str(job.id))
+
+    runner = _runner(1, outcomes, registry)
+    runner.launch([make_job("leaky")], [make_job("leaky"), make_job("leaky")])
+    await _settled(outcomes, 3)
+    assert seen == [None, None, None]
+    assert _SET_BY_A_HANDLER.get() is None
