@@ -54,4 +54,4 @@ class CancelWatcher:
         if runner.running.get(uid) is task and not task.done():
             log.info("job %s: cancelling its handler (cancel grace period over)", uid)
             runner.cancelling.add(uid)
-            task.cancel()
+            runner.cancel_task(uid, task)

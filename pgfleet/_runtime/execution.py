@@ -32,29 +32,39 @@ log = logging.getLogger("pgfleet")
 MAX_ERROR_LENGTH = 4000
 #: After the grace period, how long cancelled handlers get to unwind.
 CANCEL_WAIT = 5.0
+#: Jobs with the same timeout started within this many seconds share one timer:
+#: it fires this much after the first one's timeout at most (a timer per job
+#: cost a fifth of the worker's CPU per no-op job).
+DEADLINE_SLACK = 0.005
 
 
 class _Deadline:
-    """One timer for the jobs of a claim round that share a timeout (a timer per
-    job cost a fifth of the worker's CPU per no-op job). Cancels the tasks still
-    running when it fires; ``fired`` tells them apart from a shutdown's cancel."""
+    """One timer for the jobs started within ``DEADLINE_SLACK`` of each other that
+    share a timeout. Cancels the tasks still running when it fires (at ``at``, a
+    ``loop.time()``, never before any of its jobs' timeout); ``fired`` tells them
+    apart from a shutdown's cancel."""
 
-    __slots__ = ("fired", "handle", "tasks")
+    __slots__ = ("at", "fired", "handle", "runner", "tasks", "timeout")
 
-    def __init__(self) -> None:
+    def __init__(self, runner: JobRunner, timeout: float, at: float) -> None:
+        self.runner = runner
+        self.timeout = timeout
+        self.at = at
         self.fired = False
         self.handle: asyncio.TimerHandle | None = None
         self.tasks: dict[uuid.UUID, asyncio.Task[Outcome]] = {}
 
     def expire(self) -> None:
         self.fired = True
-        for task in list(self.tasks.values()):
-            task.cancel()
+        for job_id, task in list(self.tasks.items()):
+            self.runner.cancel_task(job_id, task)
 
-    def finished(self, job_id: uuid.UUID) -> None:
+    def finished(self, job_id: uuid.UUID, open_: bool) -> None:
+        """``job_id`` is done; ``open_``: jobs may still join (keep the timer)."""
         self.tasks.pop(job_id, None)
-        if not self.tasks and self.handle is not None:
+        if not self.tasks and not open_ and self.handle is not None:
             self.handle.cancel()
+            self.handle = None
 
 
 class JobRunner:
@@ -85,7 +95,6 @@ class JobRunner:
         #: When each job started from ``_held`` was claimed: its pickup delay
         #: includes the wait.
         self._held_since: dict[uuid.UUID, float] = {}
-        self._refill_pending = False
         #: Held jobs started since the last claim round took them (take_started).
         self._unmarked: set[uuid.UUID] = set()
         #: Moving average of handler durations (None until one finishes): how
@@ -104,6 +113,15 @@ class JobRunner:
         self.cancelling: set[uuid.UUID] = set()
         #: Jobs whose sync handler is running in a thread (cannot be cancelled).
         self.in_threads: set[uuid.UUID] = set()
+        #: The deadline jobs with each timeout join (see DEADLINE_SLACK).
+        self._deadlines: dict[float, _Deadline] = {}
+        #: Each running job and its deadline, for a task cancelled before its first
+        #: step (it never runs ``_run``, which reports the others).
+        self._launched: dict[uuid.UUID, tuple[Job, _Deadline | None]] = {}
+        #: Whether INFO is on for the jobs of the latest round (checked once a round).
+        self._info = True
+        #: The context each job's task starts from a copy of (see ``launch``).
+        self._base = contextvars.copy_context()
 
     @property
     def free(self) -> int:
@@ -162,6 +180,10 @@ class JobRunner:
         """Start a task for each job (the claim only takes names we serve): first
         ``jobs``, claimed to start now, then ``ahead``, claimed to be held; what
         finds no free slot is held until slots free up."""
+        # Every job's task starts from a copy of the context of the loop that
+        # launches jobs, also when a finished job's own task starts the next one:
+        # what a handler set in its context never reaches another job.
+        self._base = contextvars.copy_context()
         free = max(self.free, 0)
         if len(jobs) > free:  # only if the claim raced a refill: rare
             self._hold(jobs[free:])
@@ -211,58 +233,84 @@ class JobRunner:
         return jobs
 
     def _refill(self) -> None:
-        self._refill_pending = False
         count = min(self.free, len(self._held))
         if count > 0:
             held = self._held
             self._start(self._leave_hold(held.popleft() for _ in range(count)))
 
+    def _deadline(self, timeout: float, now: float, loop: asyncio.AbstractEventLoop) -> _Deadline:
+        """The timer a job started ``now`` with ``timeout`` joins: the open one while
+        it fires no earlier than this job's timeout and at most DEADLINE_SLACK
+        later, else a new one (the old one's timer goes once its jobs are done)."""
+        deadline = self._deadlines.get(timeout)
+        if deadline is not None and now + timeout <= deadline.at:
+            return deadline
+        if deadline is not None and not deadline.tasks and deadline.handle is not None:
+            deadline.handle.cancel()
+            deadline.handle = None
+        deadline = _Deadline(self, timeout, now + timeout + DEADLINE_SLACK)
+        self._deadlines[timeout] = deadline
+        deadline.handle = loop.call_at(deadline.at, deadline.expire)
+        return deadline
+
     def _start(self, jobs: Iterable[Job]) -> None:
+        """One task per job. Its outcome is reported by the task itself as it ends
+        (``_finish``), in the same step: no done callback and no loop turn between
+        a handler's end, its outcome and the start of the next held job."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         tracer = tracing.current_tracer()  # once per round, not per job
-        deadlines: dict[float, _Deadline] = {}
+        self._info = log.isEnabledFor(logging.INFO)
+        registry = self._registry
+        running = self.running
+        launched = self._launched
+        base = self._base
         for job in jobs:
-            handler = self._registry.get(job.name)
+            handler = registry.get(job.name)
             assert handler is not None
             timeout = handler.timeout if handler.timeout is not None else self._default_timeout
-            deadline = None
-            if timeout is not None:
-                deadline = deadlines.get(timeout)
-                if deadline is None:
-                    deadline = deadlines[timeout] = _Deadline()
-            task = loop.create_task(self._run(handler, job, tracer, timeout, deadline))
-            self.running[job.id] = task
+            deadline = None if timeout is None else self._deadline(timeout, now, loop)
+            task = loop.create_task(
+                self._run(handler, job, tracer, timeout, deadline), context=base.copy()
+            )
+            running[job.id] = task
+            launched[job.id] = (job, deadline)
             if deadline is not None:
                 deadline.tasks[job.id] = task
-            task.add_done_callback(functools.partial(self._task_done, job, deadline))
-        for timeout, deadline in deadlines.items():
-            deadline.handle = loop.call_at(now + timeout, deadline.expire)
 
-    def _task_done(self, job: Job, deadline: _Deadline | None, task: asyncio.Task[Outcome]) -> None:
-        """Report a task's outcome. A task cancelled (at shutdown) before its first
-        step never ran ``_run`` at all: its job is handed back, not counted."""
+    def cancel_task(self, job_id: uuid.UUID, task: asyncio.Task[Any]) -> None:
+        """Cancel a job's task. One cancelled before its first step never runs
+        ``_run``, so never reports: its job is then handed back, not counted."""
+        task.cancel()
+        task.add_done_callback(functools.partial(self._unstarted, job_id))
+
+    def _unstarted(self, job_id: uuid.UUID, task: asyncio.Task[Any]) -> None:
+        if self.running.get(job_id) is task:  # else it ran and reported
+            job, deadline = self._launched[job_id]
+            self._finish(job, deadline, Outcome.aborted(job))
+
+    def _finish(self, job: Job, deadline: _Deadline | None, outcome: Outcome) -> None:
+        """Report a job's outcome (from its task's last step), and start the next
+        held job in the freed slot at once."""
         self.running.pop(job.id, None)
+        self._launched.pop(job.id, None)
         if deadline is not None:
-            deadline.finished(job.id)
+            deadline.finished(job.id, self._deadlines.get(deadline.timeout) is deadline)
         if self._held_since:
-            self._held_since.pop(job.id, None)  # cancelled before its first step
+            self._held_since.pop(job.id, None)
         if self._unmarked:
             self._unmarked.discard(job.id)  # its outcome says more than a mark
         state = self.state
         if state is not None and state.cancelled:
             state.cancelled.discard(job.id)
             self.cancelling.discard(job.id)
-        outcome = Outcome.aborted(job) if task.cancelled() else task.result()
         if outcome.action != "aborted":
             mean = self._mean_duration
             d = outcome.duration
             self._mean_duration = d if mean is None else mean + 0.1 * (d - mean)
-        if self._held and not self._refill_pending:
-            # Once per loop turn, so the jobs of one turn share their deadline.
-            self._refill_pending = True
-            asyncio.get_running_loop().call_soon(self._refill)
         self._on_outcome(outcome)
+        if self._held:
+            self._refill()
 
     async def drain(self, grace: float) -> None:
         """Give running handlers ``grace`` seconds, then cancel the rest (their
@@ -275,14 +323,23 @@ class JobRunner:
         if not pending:
             return
         log.info("cancelling %d handlers still running after the grace period", len(pending))
+        ids = {task: job_id for job_id, task in self.running.items()}
         for task in pending:
-            task.cancel()
+            job_id = ids.get(task)
+            if job_id is None:
+                task.cancel()
+            else:
+                self.cancel_task(job_id, task)
         _, stuck = await asyncio.wait(pending, timeout=CANCEL_WAIT)
         if stuck:
             log.error("%d handlers ignored cancellation; their jobs will be recovered", len(stuck))
             self.running = {k: v for k, v in self.running.items() if v not in stuck}
 
     def close(self) -> None:
+        for deadline in self._deadlines.values():
+            if deadline.handle is not None and not deadline.tasks:
+                deadline.handle.cancel()
+        self._deadlines.clear()
         if self._threads is not None:
             self._threads.shutdown(wait=False, cancel_futures=True)
 
@@ -296,10 +353,32 @@ class JobRunner:
         timeout: float | None,
         deadline: _Deadline | None,
     ) -> Outcome:
+        """The job's task: runs the attempt and reports its outcome as it ends."""
         start = time.perf_counter()
         try:
-            assert self.state is not None
-            context.enter_job(self.state, job)
+            outcome = await self._begin(handler, job, tracer, timeout, deadline, start)
+        except BaseException as exc:  # never let a job task die without an outcome
+            if not isinstance(exc, asyncio.CancelledError):
+                log.exception("internal error running job %s", job.id)
+            outcome = Outcome.aborted(job, time.perf_counter() - start)
+        try:
+            self._finish(job, deadline, outcome)
+        except Exception:
+            log.exception("internal error reporting the outcome of job %s", job.id)
+        return outcome
+
+    async def _begin(
+        self,
+        handler: Handler,
+        job: Job,
+        tracer: Any,
+        timeout: float | None,
+        deadline: _Deadline | None,
+        start: float,
+    ) -> Outcome:
+        assert self.state is not None
+        context.enter_job(self.state, job)
+        if self._info:
             log.info(
                 "job started: %s %s attempt %d/%d%s",
                 job.name,
@@ -308,32 +387,28 @@ class JobRunner:
                 job.max_attempts,
                 f" queue {job.queue_name}" if job.queue_name else "",
             )
-            started = job.started_at
-            pickup = (started - job.run_at).total_seconds() if started else 0.0
-            claimed = self._held_since.pop(job.id, None) if self._held_since else None
-            if claimed is not None:  # held ahead: its wait for a slot counts
-                pickup += time.monotonic() - claimed
-                # Marked from its first step, not its launch: a round sent before
-                # the task first ran (the one right after the launch, as a rule)
-                # would mark a job that a no-op handler finishes before the next.
-                self._unmarked.add(job.id)
-            if self.state.cancelled and job.id in self.state.cancelled:
-                # Cancelled while held ahead: it never starts.
-                log.info("job cancelled before it started: %s %s", job.name, job.id)
-                outcome = Outcome(job, "cancelled", "cancelled", 0.0)
-                if claimed is not None:
-                    outcome.started = start
-                return outcome
-            self.events.job_started(job, pickup)
-            outcome = await self._attempt(handler, job, start, tracer, timeout, deadline)
+        started = job.started_at
+        pickup = (started - job.run_at).total_seconds() if started else 0.0
+        claimed = self._held_since.pop(job.id, None) if self._held_since else None
+        if claimed is not None:  # held ahead: its wait for a slot counts
+            pickup += time.monotonic() - claimed
+            # Marked from its first step, not its launch: a round sent before
+            # the task first ran (the one right after the launch, as a rule)
+            # would mark a job that a no-op handler finishes before the next.
+            self._unmarked.add(job.id)
+        if self.state.cancelled and job.id in self.state.cancelled:
+            # Cancelled while held ahead: it never starts.
+            log.info("job cancelled before it started: %s %s", job.name, job.id)
+            outcome = Outcome(job, "cancelled", "cancelled", 0.0)
             if claimed is not None:
-                # The database may not know yet when it started: the outcome says.
                 outcome.started = start
             return outcome
-        except BaseException as exc:  # never let a job task die without an outcome
-            if not isinstance(exc, asyncio.CancelledError):
-                log.exception("internal error running job %s", job.id)
-            return Outcome.aborted(job, time.perf_counter() - start)
+        self.events.job_started(job, pickup)
+        outcome = await self._attempt(handler, job, start, tracer, timeout, deadline)
+        if claimed is not None:
+            # The database may not know yet when it started: the outcome says.
+            outcome.started = start
+        return outcome
 
     async def _attempt(
         self,
@@ -381,7 +456,7 @@ class JobRunner:
             log.info("job cancelled while running: %s %s", job.name, job.id)
             return Outcome(job, "cancelled", "cancelled", duration)
         if error is None and snooze is None:
-            return _succeeded(job, value, duration)
+            return _succeeded(job, value, duration, self._info)
         policy = handler.retry
         if snooze is not None:
             return _snoozed(job, snooze, policy, duration)
@@ -474,7 +549,7 @@ class JobRunner:
             self.in_threads.discard(job.id)
 
 
-def _succeeded(job: Job, value: Any, duration: float) -> Outcome:
+def _succeeded(job: Job, value: Any, duration: float, info: bool = True) -> Outcome:
     """The outcome of a handler that returned ``value``: succeeded with it as the
     result, or failed permanently when it cannot be stored."""
     result = None
@@ -488,7 +563,8 @@ def _succeeded(job: Job, value: Any, duration: float) -> Outcome:
             )[:MAX_ERROR_LENGTH]
             log.error("job failed permanently: %s %s: %s", job.name, job.id, message)
             return Outcome(job, "failed", "failed", duration, error=message)
-    log.info("job succeeded: %s %s in %.1f ms", job.name, job.id, duration * 1000)
+    if info:
+        log.info("job succeeded: %s %s in %.1f ms", job.name, job.id, duration * 1000)
     return Outcome(job, "succeeded", "succeeded", duration, result=result)
 
 

@@ -554,8 +554,8 @@ SELECT (SELECT count(*) FROM released WHERE status = 'queued') AS requeued,
 -- marked started, the wakeup and the waiters told. Its CTEs are outcome, gone,
 -- done, finished, marked, wake and tell; the statement goes on with ', next AS (...)'.
 -- Action 'remove' (a worker with remove_succeeded_jobs) is 'succeeded' with the
--- row deleted instead of updated when nothing needs it (gone); the conditions in
--- gone and done are each other's negation, so every outcome is written once.
+-- row deleted instead of updated when nothing needs it (gone); done writes every
+-- other outcome (those gone did not delete), so each is written once.
 WITH outcome AS (
     SELECT o.id, o.token,
            CASE WHEN o.action = 'remove' THEN 'succeeded' ELSE o.action END AS action,
@@ -618,10 +618,9 @@ WITH outcome AS (
         lock_token = NULL
     FROM outcome o
     WHERE j.id = o.id AND j.lock_token = o.token
-      -- Not removed by gone (its condition, negated).
-      AND NOT (o.remove AND j.awaited IS NOT TRUE AND j.has_children IS NOT TRUE
-               AND j.waiting_on IS NULL AND j.cancel_requested_at IS NULL
-               AND o.result IS NULL)
+      -- Not deleted by gone (a hashed lookup, built only for a round with removals;
+      -- reading gone also runs it first, so the two never touch the same row).
+      AND (NOT o.remove OR o.id NOT IN (SELECT g.id FROM gone g))
     -- RETURNING sees the new row: status is the job's new status.
     RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited
                      OR (j.status = 'queued' AND j.run_at <= now())) AS frees,

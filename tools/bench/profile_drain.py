@@ -399,6 +399,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         admin = await asyncpg.connect(dsn)
         try:
             if install is None:
+                if args.fillfactor is not None:
+                    # An experiment: the jobs table's fill factor for the pages the
+                    # fill writes (migration 0001 sets 90).
+                    await admin.execute(
+                        f"ALTER TABLE pgfleet.jobs SET (fillfactor = {int(args.fillfactor)})"
+                    )
                 await fb._fill(pool, args.jobs)
             else:
                 await pool.execute(graphile.ENSURE_TASK)
@@ -556,6 +562,13 @@ def cli(argv: list[str] | None = None) -> None:
         "--vacuum",
         action="store_true",
         help="VACUUM (ANALYZE) the filled queue before the drain (bench-peers does not)",
+    )
+    parser.add_argument(
+        "--fillfactor",
+        type=int,
+        choices=range(10, 101),
+        metavar="10..100",
+        help="pgfleet: set pgfleet.jobs' fill factor before the fill (an experiment)",
     )
     parser.add_argument("--explain", action="store_true", help="EXPLAIN a claim round first")
     parser.add_argument("--explain-limit", type=int, default=1024)

@@ -140,7 +140,9 @@ async def test_a_connection_lost_in_the_loop_turn_of_the_previous_answer_is_neve
     await loop
     assert db.misuse == []
     assert [call.connection.number for call in db.calls[2:]] == [1] * len(db.calls[2:])
-    assert db.calls[2].ids == [b.id]
+    # b's outcome goes out on the new connection (with c's: c, claimed by the round
+    # whose answer came just before the reset, reports as it ends).
+    assert db.calls[2].ids[0] == b.id and set(db.calls[2].ids) <= {b.id, c.id}
     assert db.written == {a.id: "succeeded", b.id: "succeeded", c.id: "succeeded"}
     assert handlers.started == [a.id, b.id, c.id]
 

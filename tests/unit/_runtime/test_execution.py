@@ -4,6 +4,7 @@ what their outcomes tell the next claim round."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import datetime as dt
 import threading
 
@@ -94,3 +95,85 @@ async def test_a_held_job_is_marked_started_once_its_handler_runs_not_at_its_lau
     release.set()
     await _settled(outcomes, 2)
     assert not runner.unmarked
+
+
+async def test_a_task_cancelled_before_its_first_step_reports_its_job_handed_back() -> None:
+    # Each task reports its own outcome as it ends; one cancelled before its first
+    # step never runs at all, so the cancel reports it (aborted: handed back).
+    outcomes: list[Outcome] = []
+    runner = _runner(2, outcomes)
+    job = make_job("noop")
+    runner.launch([job])
+    runner.cancel_task(job.id, runner.running[job.id])
+    await asyncio.wait_for(_settled(outcomes, 1), 5)
+    await asyncio.sleep(0)
+    assert [(o.job.id, o.action, o.label) for o in outcomes] == [(job.id, "aborted", "aborted")]
+    assert runner.running == {}
+
+
+async def test_a_finished_job_starts_the_next_held_one_in_the_same_step() -> None:
+    # No loop turn between a handler's end, its outcome and the next held job's
+    # start: the held job is started from the finished job's own task.
+    outcomes: list[Outcome] = []
+    runner = _runner(1, outcomes)
+    first, held = make_job("noop"), make_job("noop")
+    runner.launch([first], [held])
+    first_task = runner.running[first.id]
+    starts: list[asyncio.Task[object] | None] = []
+    start = runner._start
+
+    def spying(jobs: object) -> None:
+        starts.append(asyncio.current_task())
+        start(jobs)  # type: ignore[arg-type]
+
+    runner._start = spying  # type: ignore[method-assign]
+    await _settled(outcomes, 2)
+    assert starts == [first_task]
+    assert [o.job.id for o in outcomes] == [first.id, held.id]
+
+
+async def test_jobs_with_one_timeout_started_close_together_share_one_timer() -> None:
+    outcomes: list[Outcome] = []
+    registry = Registry()
+    gate = asyncio.Event()
+
+    @registry.job("slow", timeout=30)
+    async def slow(job: Job) -> None:
+        await gate.wait()
+
+    runner = _runner(4, outcomes, registry)
+    a, b = make_job("slow"), make_job("slow")
+    runner.launch([a])
+    runner.launch([b])
+    (deadline,) = runner._deadlines.values()
+    assert set(deadline.tasks) == {a.id, b.id} and deadline.handle is not None
+    gate.set()
+    await _settled(outcomes, 2)
+    assert [o.action for o in outcomes] == ["succeeded", "succeeded"]
+    assert deadline.tasks == {}
+    runner.close()
+    assert runner._deadlines == {}
+
+
+_SET_BY_A_HANDLER: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "set_by_a_handler", default=None
+)
+
+
+async def test_what_a_handler_sets_in_its_context_never_reaches_the_next_job() -> None:
+    # The next held job starts from the finished job's own task, but from a copy of
+    # the launching loop's context, not of the finished handler's.
+    outcomes: list[Outcome] = []
+    registry = Registry()
+    seen: list[str | None] = []
+
+    @registry.job("leaky")
+    async def leaky(job: Job) -> None:
+        seen.append(_SET_BY_A_HANDLER.get())
+        _SET_BY_A_HANDLER.set(str(job.id))
+
+    runner = _runner(1, outcomes, registry)
+    runner.launch([make_job("leaky")], [make_job("leaky"), make_job("leaky")])
+    await _settled(outcomes, 3)
+    assert seen == [None, None, None]
+    assert _SET_BY_A_HANDLER.get() is None
