@@ -83,9 +83,9 @@ class Soak:
     #: generator's CPU on it); ``drain``: ``capacity_backlog`` jobs due together,
     #: drained with no generator running (an upper bound on a shared machine).
     capacity_mode: str = "end-to-end"
-    capacity_seconds: float = 30
+    capacity_seconds: float = 20
     #: The start of the end-to-end measurement left out (generators starting).
-    capacity_warmup: float = 8
+    capacity_warmup: float = 6
     #: Jobs per transaction of the flat-out generators.
     capacity_batch: int = 500
     capacity_backlog: int = 20_000
