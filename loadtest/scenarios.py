@@ -489,17 +489,18 @@ def _check_soak(ctx: Context, p: Soak) -> str:
     return p.generator
 
 
-async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
-    generator = _check_soak(ctx, p)
+async def _truncate(ctx: Context) -> None:
+    conn = await _connect(ctx)
+    try:
+        await conn.execute(TRUNCATE)
+        await conn.execute("VACUUM (ANALYZE) pgfleet.jobs")
+    finally:
+        await conn.close()
+
+
+async def _soak_fleet(ctx: Context, p: Soak) -> tuple[list[Any], str]:
     days = p.retention_seconds / 86400
-    if ctx.native and ctx.dsn is not None:
-        # Before the workers start: only this run's jobs.
-        conn = await _connect(ctx)
-        try:
-            await conn.execute(TRUNCATE)
-        finally:
-            await conn.close()
-    stoppable, url = await _fleet(
+    return await _fleet(
         ctx,
         p.worker_processes,
         p.concurrency,
@@ -510,13 +511,28 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         f"{p.history_move_after:g}",
         "--prune-interval",
         f"{p.prune_interval:g}",
-        api=generator == "http" or not ctx.native,
+        api=p.generator == "http" or not ctx.native,
     )
+
+
+async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
+    generator = _check_soak(ctx, p)
+    clean = ctx.native and ctx.dsn is not None
+    if clean:
+        await _truncate(ctx)  # before the workers start: only this run's jobs
+    stoppable, url = await _soak_fleet(ctx, p)
     point: dict[str, Any] = {}
     try:
         measured: dict[str, Any] = {}
         if p.rate <= 0 and ctx.dsn is not None:
             measured = await _capacity(ctx, p)
+            if clean and p.capacity_mode == "end-to-end":
+                # Flat-out generators leave a backlog far larger than the soak's:
+                # the soak starts from an empty table on a fresh fleet instead.
+                for proc in stoppable:
+                    await proc.stop()
+                await _truncate(ctx)
+                stoppable, url = await _soak_fleet(ctx, p)
         capacity = measured.get("capacity")
         rate = p.share * capacity if capacity else p.rate
         if p.max_rate > 0:
@@ -598,7 +614,8 @@ async def _capacity(ctx: Context, p: Soak) -> dict[str, Any]:
 async def _end_to_end_capacity(ctx: Context, p: Soak) -> dict[str, Any]:
     """Jobs/s the running workers finish while the soak's generators enqueue as fast
     as they can (in batches of ``capacity_batch``): counted over the run after its
-    warm-up, then the backlog left is drained before the soak starts."""
+    warm-up. The native fleet is then restarted on an empty table (see :func:`soak`);
+    an external fleet drains the backlog left."""
     assert ctx.dsn is not None
     conn = await _connect(ctx)
     try:
