@@ -537,6 +537,7 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         rate = p.share * capacity if capacity else p.rate
         if p.max_rate > 0:
             rate = min(rate or p.max_rate, p.max_rate)
+        print(f"loadtest: soak at {rate:,.0f} jobs/s; capacity {measured}", flush=True)
         if rate <= 0:
             raise SystemExit("the soak needs soak.rate, or the database to measure capacity")
         name = "soak"
