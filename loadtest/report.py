@@ -624,7 +624,8 @@ def _soak_how(p: dict[str, Any], params: dict[str, Any]) -> str:
     if p.get("capacity_mode") == "end-to-end":
         return (
             f"{params['share']:.0%} of the fleet's end-to-end capacity, {capacity:,.0f} jobs/s: "
-            f"what the workers finished while the generators enqueued flat out for "
+            f"what the workers finished while the generators offered the drain capacity "
+            f"({p.get('drain_capacity', 0):,.0f} jobs/s, no generator running) for "
             f"{params['capacity_seconds']:g} s (counted after {params['capacity_warmup']:g} s; "
             f"they enqueued {p.get('capacity_enqueued_rate', 0):,.0f} jobs/s and left "
             f"{p.get('capacity_backlog_left', 0):,} jobs queued){cap}"

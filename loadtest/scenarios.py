@@ -79,15 +79,13 @@ class Soak:
     rate: float = 0
     share: float = 0.7
     #: ``end-to-end``: the jobs/s the workers finish while the soak's own generators
-    #: enqueue flat out for ``capacity_seconds`` (what the machine sustains with the
-    #: generator's CPU on it); ``drain``: ``capacity_backlog`` jobs due together,
-    #: drained with no generator running (an upper bound on a shared machine).
+    #: offer the drain capacity for ``capacity_seconds`` (what the machine sustains
+    #: with the generator's CPU on it); ``drain``: ``capacity_backlog`` jobs due
+    #: together, drained with no generator running (an upper bound).
     capacity_mode: str = "end-to-end"
     capacity_seconds: float = 20
     #: The start of the end-to-end measurement left out (generators starting).
     capacity_warmup: float = 6
-    #: Jobs per transaction of the flat-out generators.
-    capacity_batch: int = 500
     capacity_backlog: int = 20_000
     #: The highest rate the soak asks for, whatever the capacity; 0: no cap.
     max_rate: float = 0
@@ -142,7 +140,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "drain": Drain(backlog=400, processes=(1, 2), concurrencies=(4,), load_batch=100),
         "steady": Steady(rates=(100, 300), seconds=3, users=4, batch=5, worker_processes=1),
         "soak": Soak(seconds=30, users=2, generator_processes=1, worker_processes=1,
-                     capacity_seconds=6, capacity_warmup=2, capacity_batch=50,
+                     capacity_seconds=6, capacity_warmup=2, capacity_backlog=1000,
                      max_rate=200, history_move_after=2, prune_interval=2,
                      sample_interval=1.0, window=5),
     },
@@ -527,8 +525,8 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         if p.rate <= 0 and ctx.dsn is not None:
             measured = await _capacity(ctx, p)
             if clean and p.capacity_mode == "end-to-end":
-                # Flat-out generators leave a backlog far larger than the soak's:
-                # the soak starts from an empty table on a fresh fleet instead.
+                # The measurement leaves a backlog (what the workers did not keep
+                # up with): the soak starts from an empty table on a fresh fleet.
                 for proc in stoppable:
                     await proc.stop()
                 await _truncate(ctx)
@@ -613,11 +611,12 @@ async def _capacity(ctx: Context, p: Soak) -> dict[str, Any]:
 
 
 async def _end_to_end_capacity(ctx: Context, p: Soak) -> dict[str, Any]:
-    """Jobs/s the running workers finish while the soak's generators enqueue as fast
-    as they can (in batches of ``capacity_batch``): counted over the run after its
-    warm-up. The native fleet is then restarted on an empty table (see :func:`soak`);
-    an external fleet drains the backlog left."""
+    """Jobs/s the running workers finish while the soak's generators offer the fleet's
+    drain capacity (measured first, with no generator running): counted over the
+    run after its warm-up. Generators offering more than that would only pile up a
+    backlog (a flat-out run left a million jobs, on which claims stalled)."""
     assert ctx.dsn is not None
+    drain_capacity = await _drain_capacity(ctx.dsn, p.capacity_backlog)
     conn = await _connect(ctx)
     try:
         t0 = await sampling.db_now(conn)
@@ -627,17 +626,19 @@ async def _end_to_end_capacity(ctx: Context, p: Soak) -> dict[str, Any]:
             "",
             p,
             p.capacity_seconds,
-            {"batch_size": p.capacity_batch, "target_rate": 0},
+            {"batch_size": soak_batch(p, drain_capacity), "target_rate": drain_capacity},
         )
         start, end = t0 + p.capacity_warmup, t0 + p.capacity_seconds
         flow = await sampling.one_row(conn, sampling.FLOW_BETWEEN, start, end)
         backlog = await conn.fetchval("SELECT count(*) FROM pgfleet.jobs WHERE status = 'queued'")
-        await sampling.wait_drained(conn, DRAIN_TIMEOUT)
+        if not ctx.native:  # an external fleet's table is not truncated: drained
+            await sampling.wait_drained(conn, DRAIN_TIMEOUT)
     finally:
         await conn.close()
     span = max(1e-3, end - start)
     return {
         "capacity": flow["finished"] / span,
+        "drain_capacity": drain_capacity,
         "capacity_enqueued_rate": flow["created"] / span,
         "capacity_backlog_left": int(backlog),
         "capacity_locust_exit": run.returncode,
