@@ -583,13 +583,7 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
     p = doc["points"][0]
     params = doc["params"]
     s = locustcsv.summarize(rep.results / p["csv"])
-    capacity = p.get("capacity")
-    how = (
-        f"{params['share']:.0%} of the fleet's measured drain capacity "
-        f"({capacity:,.0f} jobs/s, capped at {params['max_rate']:g})"
-        if capacity
-        else "a set rate"
-    )
+    how = _soak_how(p, params)
     if "history_move_after" in params:
         kept = (
             f"Finished jobs move to history after {params['history_move_after']:g} s (the "
@@ -601,7 +595,8 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
     rep.add(
         "## Soak: does it stay bounded?",
         "",
-        f"{params['seconds']:g} s at {p['target_rate']:,.0f} jobs/s ({how}) through the API "
+        f"{params['seconds']:g} s at {p['target_rate']:,.0f} jobs/s ({how}) "
+        f"{_soak_generator(p, params)} "
         f"with {params['worker_processes']} worker process(es) x {params['concurrency']} "
         f"handlers. {kept}",
         "",
@@ -619,6 +614,54 @@ def soak(rep: Report, doc: dict[str, Any]) -> None:
         return
     _soak_plots(rep, p, params, samples)
     _soak_verdict(rep, p, params, samples, s.jobs)
+
+
+def _soak_how(p: dict[str, Any], params: dict[str, Any]) -> str:
+    capacity = p.get("capacity")
+    if not capacity:
+        return "a set rate"
+    cap = f", capped at {params['max_rate']:g}" if params.get("max_rate") else ""
+    if p.get("capacity_mode") == "end-to-end":
+        return (
+            f"{params['share']:.0%} of the fleet's end-to-end capacity, {capacity:,.0f} jobs/s: "
+            f"what the workers finished while the generators offered the drain capacity "
+            f"({p.get('drain_capacity', 0):,.0f} jobs/s, no generator running) for "
+            f"{params['capacity_seconds']:g} s (counted after {params['capacity_warmup']:g} s; "
+            f"they enqueued {p.get('capacity_enqueued_rate', 0):,.0f} jobs/s and left "
+            f"{p.get('capacity_backlog_left', 0):,} jobs queued){cap}"
+        )
+    share = f"{params['share']:.0%}"
+    return f"{share} of the fleet's measured drain capacity ({capacity:,.0f} jobs/s{cap})"
+
+
+def _soak_generator(p: dict[str, Any], params: dict[str, Any]) -> str:
+    if p.get("generator") == "db":
+        return (
+            f"enqueued straight into Postgres in batches of {p['batch']} by {params['users']} "
+            f"paced producers in {params.get('generator_processes', 1)} Locust process(es)"
+        )
+    return "through the API"
+
+
+def _soak_rate(rep: Report, p: dict[str, Any], verdicts: dict[str, bool]) -> str:
+    """The rate the generators delivered against the target (runs that recorded it)."""
+    achieved = p.get("achieved_rate")
+    if achieved is None:
+        return ""
+    target = p["target_rate"]
+    share = achieved / max(target, 1e-9)
+    verdicts["rate reached"] = share >= p.get("min_rate_share", 0.95)
+    rep.headline["soak_achieved_rate"] = round(achieved)
+    rep.headline["soak_target_rate"] = round(target)
+    of_capacity = ""
+    if p.get("capacity"):
+        rep.headline["soak_capacity_share"] = round(achieved / p["capacity"], 3)
+        of_capacity = f", {achieved / p['capacity']:.0%} of the capacity"
+    return (
+        f" Achieved {achieved:,.0f} jobs/s against a target of {target:,.0f} "
+        f"({share:.0%}{of_capacity}; below {p.get('min_rate_share', 0.95):.0%} of the target "
+        "fails the verdict)."
+    )
 
 
 def _soak_plots(
@@ -695,6 +738,7 @@ def _soak_verdict(
             f"{last * 1000:.1f} ms in the last {span:g} s ({last / max(first, 1e-9):.2f}x)."
         )
         rep.headline["soak_p99_ratio"] = round(last / max(first, 1e-9), 3)
+    drift += _soak_rate(rep, p, verdicts)
     vacuums = samples[-1]["vacuums"] - samples[0]["vacuums"]
     ok = all(verdicts.values())
     long_enough = params["seconds"] >= MIN_SOAK_SECONDS
@@ -709,13 +753,19 @@ def _soak_verdict(
     history = samples[-1].get("history_bytes", 0) / 2**20
     rep.add(
         f"**Verdict: {verdict}** ("
-        + ", ".join(f"{k} {'flat' if v else 'growing'}" for k, v in verdicts.items())
+        + ", ".join(f"{k} {_word(k, v)}" for k, v in verdicts.items())
         + f"; the last third's maximum against the middle third's).{drift} {jobs:,} jobs, "
         f"{vacuums} vacuum(s) of the claim table, which was at most {max(size) / 2**20:.1f} "
         f"MiB while history grew to {history:.1f} MiB; dead tuples at most {max(dead):,.0f}, "
         f"backlog at most {max(backlog):,.0f} jobs, backlog age at most {max(age):.2f} s.",
         "",
     )
+
+
+def _word(key: str, ok: bool) -> str:
+    if key == "rate reached":
+        return "yes" if ok else "NO"
+    return "flat" if ok else "growing"
 
 
 # ------------------------------------------------------------------ assembly

@@ -73,6 +73,16 @@ SELECT w, COALESCE(started_n, 0) AS started, COALESCE(finished_n, 0) AS finished
 FROM latency FULL JOIN drained USING (w) ORDER BY w
 """
 
+# Jobs finished and jobs created between $1 and $2 (epoch seconds), history included:
+# the end-to-end capacity measurement's.
+FLOW_BETWEEN = """
+SELECT count(*) FILTER (WHERE finished_at >= to_timestamp($1)
+                          AND finished_at < to_timestamp($2)) AS finished,
+       count(*) FILTER (WHERE created_at >= to_timestamp($1)
+                          AND created_at < to_timestamp($2)) AS created
+FROM pgfleet.jobs_all WHERE created_at >= to_timestamp($1) - interval '1 hour'
+"""
+
 # A backlog due together at $2 (epoch seconds): the capacity measurement's.
 CAPACITY_FILL = """
 INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, run_at)

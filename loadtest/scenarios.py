@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -66,19 +67,41 @@ class Steady:
     sample_interval: float = 0.5
 
 
+CAPACITY_MODES = ("end-to-end", "drain")
+GENERATORS = ("db", "http")
+#: The API's largest batch (``pgfleet api --max-batch``'s default), and the soak's.
+MAX_BATCH = 1000
+
+
 @dataclass(frozen=True)
 class Soak:
-    #: jobs/s; 0: ``share`` of the fleet's drain capacity, measured first.
+    #: jobs/s; 0: ``share`` of the fleet's capacity, measured first.
     rate: float = 0
     share: float = 0.7
-    #: Jobs of the capacity measurement (drained by the soak's own workers).
+    #: ``end-to-end``: the jobs/s the workers finish while the soak's own generators
+    #: offer the drain capacity for ``capacity_seconds`` (what the machine sustains
+    #: with the generator's CPU on it); ``drain``: ``capacity_backlog`` jobs due
+    #: together, drained with no generator running (an upper bound).
+    capacity_mode: str = "end-to-end"
+    capacity_seconds: float = 20
+    #: The start of the end-to-end measurement left out (generators starting).
+    capacity_warmup: float = 6
     capacity_backlog: int = 20_000
-    #: The highest rate the soak asks for, whatever the capacity (the load
-    #: generator shares the machine).
-    max_rate: float = 3000
+    #: The highest rate the soak asks for, whatever the capacity; 0: no cap.
+    max_rate: float = 0
     seconds: float = 600
+    #: ``db``: batched enqueues straight into Postgres (pgfleet's psycopg producer,
+    #: coalesced notifications); ``http``: batches through the jobs API.
+    generator: str = "db"
+    #: Locust processes generating the load (``locust --processes``).
+    generator_processes: int = 2
+    #: Producers over all generator processes, each paced on its own schedule.
     users: int = 8
-    batch: int = 10
+    #: Jobs per request; 0: sized to the rate, each user sending every ``batch_period``.
+    batch: int = 0
+    batch_period: float = 0.1
+    #: The soak fails its verdict when it enqueued less than this share of its target.
+    min_rate_share: float = 0.95
     worker_processes: int = 2
     concurrency: int = 16
     pool_size: int = 6
@@ -91,6 +114,14 @@ class Soak:
     sample_interval: float = 2.0
     #: Claim latency percentiles and drain rate are computed per window of this.
     window: float = 60
+
+
+def soak_batch(p: Soak, rate: float) -> int:
+    """Jobs per request: ``p.batch``, or sized so each of ``p.users`` sends one
+    request every ``p.batch_period`` at ``rate`` (1 to :data:`MAX_BATCH`)."""
+    if p.batch > 0:
+        return p.batch
+    return max(1, min(MAX_BATCH, math.ceil(rate * p.batch_period / max(1, p.users))))
 
 
 PROFILES: dict[str, dict[str, Any]] = {
@@ -108,7 +139,8 @@ PROFILES: dict[str, dict[str, Any]] = {
         ),
         "drain": Drain(backlog=400, processes=(1, 2), concurrencies=(4,), load_batch=100),
         "steady": Steady(rates=(100, 300), seconds=3, users=4, batch=5, worker_processes=1),
-        "soak": Soak(seconds=30, users=2, batch=5, worker_processes=1, capacity_backlog=1000,
+        "soak": Soak(seconds=30, users=2, generator_processes=1, worker_processes=1,
+                     capacity_seconds=6, capacity_warmup=2, capacity_backlog=1000,
                      max_rate=200, history_move_after=2, prune_interval=2,
                      sample_interval=1.0, window=5),
     },
@@ -361,9 +393,10 @@ async def _drain_point(
 
 
 async def _fleet(
-    ctx: Context, processes: int, concurrency: int, pool_size: int, *extra: str
+    ctx: Context, processes: int, concurrency: int, pool_size: int, *extra: str, api: bool = True
 ) -> tuple[list[Any], str]:
-    """Workers and a coalescing API (native), or the external fleet's API."""
+    """Workers and a coalescing API (native; no API when ``api`` is false), or the
+    external fleet's API."""
     if not ctx.native:
         if not ctx.host:
             raise SystemExit("an external fleet needs LOCUST_HOST (the jobs API)")
@@ -372,8 +405,10 @@ async def _fleet(
     workers = await ctx.procs.workers(
         ctx.dsn, processes, concurrency, "--pool-size", str(pool_size), *extra
     )
-    api, url = await ctx.procs.api(ctx.dsn, "coalesced", pool_size=16)
-    return [api, workers], url
+    if not api:
+        return [workers], ""
+    service, url = await ctx.procs.api(ctx.dsn, "coalesced", pool_size=16)
+    return [service, workers], url
 
 
 async def steady(ctx: Context, p: Steady) -> list[dict[str, Any]]:
@@ -441,16 +476,29 @@ async def _locust_http(
     )
 
 
-async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
+def _check_soak(ctx: Context, p: Soak) -> str:
+    """The generator the soak uses: ``db`` needs the database."""
+    if p.capacity_mode not in CAPACITY_MODES:
+        raise SystemExit(f"soak.capacity_mode must be one of {CAPACITY_MODES}")
+    if p.generator not in GENERATORS:
+        raise SystemExit(f"soak.generator must be one of {GENERATORS}")
+    if p.generator == "db" and ctx.dsn is None:
+        raise SystemExit("soak.generator=db needs the database (PGFLEET_DATABASE_URL)")
+    return p.generator
+
+
+async def _truncate(ctx: Context) -> None:
+    conn = await _connect(ctx)
+    try:
+        await conn.execute(TRUNCATE)
+        await conn.execute("VACUUM (ANALYZE) pgfleet.jobs")
+    finally:
+        await conn.close()
+
+
+async def _soak_fleet(ctx: Context, p: Soak) -> tuple[list[Any], str]:
     days = p.retention_seconds / 86400
-    if ctx.native and ctx.dsn is not None:
-        # Before the workers start: only this run's jobs.
-        conn = await _connect(ctx)
-        try:
-            await conn.execute(TRUNCATE)
-        finally:
-            await conn.close()
-    stoppable, url = await _fleet(
+    return await _fleet(
         ctx,
         p.worker_processes,
         p.concurrency,
@@ -461,18 +509,43 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         f"{p.history_move_after:g}",
         "--prune-interval",
         f"{p.prune_interval:g}",
+        api=p.generator == "http" or not ctx.native,
     )
+
+
+async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
+    generator = _check_soak(ctx, p)
+    clean = ctx.native and ctx.dsn is not None
+    if clean:
+        await _truncate(ctx)  # before the workers start: only this run's jobs
+    stoppable, url = await _soak_fleet(ctx, p)
     point: dict[str, Any] = {}
     try:
-        capacity = None
+        measured: dict[str, Any] = {}
         if p.rate <= 0 and ctx.dsn is not None:
-            capacity = await _capacity(ctx.dsn, p.capacity_backlog)
-        rate = p.rate if p.rate > 0 else min(p.max_rate, p.share * (capacity or p.max_rate))
+            measured = await _capacity(ctx, p)
+            if clean and p.capacity_mode == "end-to-end":
+                # The measurement leaves a backlog (what the workers did not keep
+                # up with): the soak starts from an empty table on a fresh fleet.
+                for proc in stoppable:
+                    await proc.stop()
+                await _truncate(ctx)
+                stoppable, url = await _soak_fleet(ctx, p)
+        capacity = measured.get("capacity")
+        rate = p.share * capacity if capacity else p.rate
+        if p.max_rate > 0:
+            rate = min(rate or p.max_rate, p.max_rate)
+        print(f"loadtest: soak at {rate:,.0f} jobs/s; capacity {measured}", flush=True)
+        if rate <= 0:
+            raise SystemExit("the soak needs soak.rate, or the database to measure capacity")
         name = "soak"
-        options = {"batch_size": p.batch, "target_rate": rate, "max_failure_ratio": 0}
-        point = {"name": name, "csv": f"soak/{name}", "target_rate": rate, "capacity": capacity}
+        batch = soak_batch(p, rate)
+        options: dict[str, Any] = {"batch_size": batch, "target_rate": rate}
+        point = {"name": name, "csv": f"soak/{name}", "target_rate": rate, "batch": batch}
+        point |= {"generator": generator, "capacity_mode": p.capacity_mode} | measured
+        point["capacity"] = capacity
         if ctx.dsn is None:
-            run = await _locust_http(ctx, name, "soak", url, p.users, p.seconds, options)
+            run = await _locust_generator(ctx, name, url, p, p.seconds, options)
             point["locust_exit"] = run.returncode
         else:
             point |= await _soak_measured(ctx, url, name, options, p)
@@ -480,32 +553,39 @@ async def soak(ctx: Context, p: Soak) -> list[dict[str, Any]]:
         for proc in stoppable:
             await proc.stop()
     if ctx.dsn is not None:
-        # Stopped backends have flushed their statistics: the counters are final.
-        conn = await _connect(ctx)
-        try:
-            final = dict(await sampling.one_row(conn, sampling.TABLE_SAMPLE))
-            remaining = await sampling.status_counts(conn, point["t0"])
-            point["windows"] = await sampling.windows(conn, point["t0"], p.window)
-            # The first and the last ten minutes (a third of a shorter soak), judged.
-            span = min(600.0, p.seconds / 3)
-            spans = await sampling.windows(conn, point["t0"], span)
-            whole = [w for w in spans if w["t"] + span <= p.seconds + 1e-6]
-            point["judge_span"] = span
-            point["judged"] = [whole[0], whole[-1]] if len(whole) >= 2 else []
-        finally:
-            await conn.close()
-        before = point["table_before"]
-        point["jobs_committed"] = final["inserted"] - before["inserted"]
-        point["jobs_moved"] = moved = await _moved(ctx, point["t0"])
-        # Rows deleted from the claim table are moved or pruned; with a retention
-        # longer than the run (the default) none of this run's jobs is pruned.
-        pruned = final["deleted"] - before["deleted"] - moved
-        short = p.retention_seconds < p.seconds + DRAIN_TIMEOUT
-        point["jobs_pruned"] = max(0, pruned) if short else 0
-        point["jobs_done"] = remaining.get("succeeded", 0) + point["jobs_pruned"]
-        point["statuses"] = remaining
+        await _soak_final(ctx, point, p)
     _write_points(ctx, "soak", p, [point])
     return [point]
+
+
+async def _soak_final(ctx: Context, point: dict[str, Any], p: Soak) -> None:
+    # Stopped backends have flushed their statistics: the counters are final.
+    conn = await _connect(ctx)
+    try:
+        final = dict(await sampling.one_row(conn, sampling.TABLE_SAMPLE))
+        remaining = await sampling.status_counts(conn, point["t0"])
+        point["windows"] = await sampling.windows(conn, point["t0"], p.window)
+        # The first and the last ten minutes (a third of a shorter soak), judged.
+        span = min(600.0, p.seconds / 3)
+        spans = await sampling.windows(conn, point["t0"], span)
+        whole = [w for w in spans if w["t"] + span <= p.seconds + 1e-6]
+        point["judge_span"] = span
+        point["judged"] = [whole[0], whole[-1]] if len(whole) >= 2 else []
+    finally:
+        await conn.close()
+    before = point["table_before"]
+    point["jobs_committed"] = final["inserted"] - before["inserted"]
+    # What the generators delivered, against what the soak asked for.
+    point["achieved_rate"] = point["jobs_committed"] / p.seconds
+    point["min_rate_share"] = p.min_rate_share
+    point["jobs_moved"] = moved = await _moved(ctx, point["t0"])
+    # Rows deleted from the claim table are moved or pruned; with a retention
+    # longer than the run (the default) none of this run's jobs is pruned.
+    pruned = final["deleted"] - before["deleted"] - moved
+    short = p.retention_seconds < p.seconds + DRAIN_TIMEOUT
+    point["jobs_pruned"] = max(0, pruned) if short else 0
+    point["jobs_done"] = remaining.get("succeeded", 0) + point["jobs_pruned"]
+    point["statuses"] = remaining
 
 
 async def _moved(ctx: Context, since: float) -> int:
@@ -522,7 +602,50 @@ async def _moved(ctx: Context, since: float) -> int:
         await conn.close()
 
 
-async def _capacity(dsn: str, backlog: int) -> float:
+async def _capacity(ctx: Context, p: Soak) -> dict[str, Any]:
+    """The fleet's capacity in jobs/s, by ``p.capacity_mode``, with how it was measured."""
+    assert ctx.dsn is not None
+    if p.capacity_mode == "drain":
+        return {"capacity": await _drain_capacity(ctx.dsn, p.capacity_backlog)}
+    return await _end_to_end_capacity(ctx, p)
+
+
+async def _end_to_end_capacity(ctx: Context, p: Soak) -> dict[str, Any]:
+    """Jobs/s the running workers finish while the soak's generators offer the fleet's
+    drain capacity (measured first, with no generator running): counted over the
+    run after its warm-up. Generators offering more than that would only pile up a
+    backlog (a flat-out run left a million jobs, on which claims stalled)."""
+    assert ctx.dsn is not None
+    drain_capacity = await _drain_capacity(ctx.dsn, p.capacity_backlog)
+    conn = await _connect(ctx)
+    try:
+        t0 = await sampling.db_now(conn)
+        run = await _locust_generator(
+            ctx,
+            "capacity",
+            "",
+            p,
+            p.capacity_seconds,
+            {"batch_size": soak_batch(p, drain_capacity), "target_rate": drain_capacity},
+        )
+        start, end = t0 + p.capacity_warmup, t0 + p.capacity_seconds
+        flow = await sampling.one_row(conn, sampling.FLOW_BETWEEN, start, end)
+        backlog = await conn.fetchval("SELECT count(*) FROM pgfleet.jobs WHERE status = 'queued'")
+        if not ctx.native:  # an external fleet's table is not truncated: drained
+            await sampling.wait_drained(conn, DRAIN_TIMEOUT)
+    finally:
+        await conn.close()
+    span = max(1e-3, end - start)
+    return {
+        "capacity": flow["finished"] / span,
+        "drain_capacity": drain_capacity,
+        "capacity_enqueued_rate": flow["created"] / span,
+        "capacity_backlog_left": int(backlog),
+        "capacity_locust_exit": run.returncode,
+    }
+
+
+async def _drain_capacity(dsn: str, backlog: int) -> float:
     """The fleet's drain rate (jobs/s): ``backlog`` jobs due together a few seconds
     ahead, timed from when they are due until none is left."""
     conn = await asyncpg.connect(dsn)
@@ -536,6 +659,26 @@ async def _capacity(dsn: str, backlog: int) -> float:
         await conn.close()
 
 
+async def _locust_generator(
+    ctx: Context, name: str, url: str, p: Soak, seconds: float, options: dict[str, Any]
+) -> Any:
+    """The soak's load: ``p.users`` producers over ``p.generator_processes`` Locust
+    processes, through the database or the API."""
+    options = options | {"max_failure_ratio": 0}
+    if p.generator_processes > 1:
+        options["processes"] = p.generator_processes
+    if p.generator == "http" or ctx.dsn is None:
+        return await _locust_http(ctx, name, "soak", url, p.users, seconds, options)
+    return await run_locust(
+        ctx.procs,
+        user="db",
+        csv_prefix=ctx.dir("soak") / name,
+        users=p.users,
+        seconds=seconds,
+        options=options | {"notify": "coalesced", "dsn": ctx.dsn},
+    )
+
+
 async def _soak_measured(
     ctx: Context, url: str, name: str, options: dict[str, Any], p: Soak
 ) -> dict[str, Any]:
@@ -545,7 +688,7 @@ async def _soak_measured(
         t0 = await sampling.db_now(conn)
         before = dict(await sampling.one_row(conn, sampling.TABLE_SAMPLE))
         async with sampling.Sampler(ctx.dsn, p.sample_interval, table=True) as sampler:
-            run = await _locust_http(ctx, name, "soak", url, p.users, p.seconds, options)
+            run = await _locust_generator(ctx, name, url, p, p.seconds, options)
         await sampling.wait_drained(conn, DRAIN_TIMEOUT)
         pickup = await sampling.pickup_delays(conn, t0)
     finally:

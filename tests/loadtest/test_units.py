@@ -173,3 +173,31 @@ def test_the_load_tests_use_pgfleets_public_names_only() -> None:
                 if parts[0] == "pgfleet" and len(parts) > 1:
                     assert not parts[1].startswith("_"), f"{path.name} imports {module}"
                     assert parts[1] != "db", f"{path.name} imports {module}"
+
+
+def test_soak_batches_are_sized_to_the_rate() -> None:
+    soak = scenarios.Soak(users=8, batch_period=0.1)
+    assert scenarios.soak_batch(soak, 17_900) == 224  # 8 producers x 10/s x 224 >= 17,900
+    assert scenarios.soak_batch(soak, 100) == 2
+    assert scenarios.soak_batch(soak, 1) == 1
+    assert scenarios.soak_batch(soak, 10_000_000) == scenarios.MAX_BATCH
+    assert scenarios.soak_batch(scenarios.Soak(batch=10), 17_900) == 10  # set: kept
+
+
+@pytest.mark.parametrize(("achieved", "reached"), [(3_000, False), (17_100, True)])
+def test_a_soak_short_of_its_target_rate_fails_its_verdict(
+    tmp_path: Path, achieved: float, reached: bool
+) -> None:
+    rep = report.Report(tmp_path, tmp_path)
+    point = {"target_rate": 17_879.0, "achieved_rate": achieved, "capacity": 25_541.0}
+    verdicts: dict[str, bool] = {}
+    text = report._soak_rate(rep, point, verdicts)
+    assert verdicts == {"rate reached": reached}
+    assert f"Achieved {achieved:,.0f} jobs/s against a target of 17,879" in text
+    assert rep.headline["soak_capacity_share"] == round(achieved / 25_541, 3)
+
+
+def test_a_soak_without_a_recorded_rate_is_not_judged_on_it(tmp_path: Path) -> None:
+    verdicts: dict[str, bool] = {}
+    assert report._soak_rate(report.Report(tmp_path, tmp_path), {"target_rate": 1}, verdicts) == ""
+    assert verdicts == {}
