@@ -120,6 +120,8 @@ class JobRunner:
         self._launched: dict[uuid.UUID, tuple[Job, _Deadline | None]] = {}
         #: Whether INFO is on for the jobs of the latest round (checked once a round).
         self._info = True
+        #: The tracer for the jobs of the latest round (None: no provider installed).
+        self._tracer: Any = None
         #: The context each job's task starts from a copy of (see ``launch``).
         self._base = contextvars.copy_context()
 
@@ -184,6 +186,9 @@ class JobRunner:
         # launches jobs, also when a finished job's own task starts the next one:
         # what a handler set in its context never reaches another job.
         self._base = contextvars.copy_context()
+        # Once a round, not per job: a refill starts one job at a time.
+        self._tracer = tracing.current_tracer()
+        self._info = log.isEnabledFor(logging.INFO)
         free = max(self.free, 0)
         if len(jobs) > free:  # only if the claim raced a refill: rare
             self._hold(jobs[free:])
@@ -259,8 +264,7 @@ class JobRunner:
         a handler's end, its outcome and the start of the next held job."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        tracer = tracing.current_tracer()  # once per round, not per job
-        self._info = log.isEnabledFor(logging.INFO)
+        tracer = self._tracer
         registry = self._registry
         running = self.running
         launched = self._launched
