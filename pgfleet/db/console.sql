@@ -65,7 +65,10 @@ WITH candidates AS (
 ), retried AS (
     UPDATE pgfleet.jobs j
     SET status = 'queued', attempt = 0, run_at = now(), started_at = NULL,
-        finished_at = NULL, last_error = NULL
+        finished_at = NULL, last_error = NULL,
+        -- Under flow control as an enqueue would put it (job_retry says why).
+        limited = j.limited OR j.limit_key IS NOT NULL OR j.queue_name IS NOT NULL
+                  OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = j.name)
     FROM candidates c
     WHERE j.id = c.id AND j.status = 'failed'
       AND (c.job_key IS NULL OR NOT EXISTS (

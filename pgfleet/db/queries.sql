@@ -243,11 +243,16 @@ WITH back AS (
 SELECT count(*) FROM restored;
 
 -- name: job_retry :one
--- The error history stays: it tells what the earlier runs met.
+-- The error history stays: it tells what the earlier runs met. Queued again, the
+-- job is under flow control as an enqueue would put it (a limit key, a named queue,
+-- a name with a limit or a pause now): a job that finished before its name got a
+-- limit, or before 0009, is not left on the fast path (0011's check).
 UPDATE pgfleet.jobs
 SET status = 'queued', attempt = 0, run_at = now(), started_at = NULL, finished_at = NULL,
     last_error = NULL, result = NULL, snoozes = NULL, cancel_requested_at = NULL,
-    cancelled_by = NULL
+    cancelled_by = NULL,
+    limited = limited OR limit_key IS NOT NULL OR queue_name IS NOT NULL
+              OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = pgfleet.jobs.name)
 WHERE id = $1 AND status IN ('failed', 'cancelled')
 RETURNING *;
 
@@ -724,7 +729,11 @@ FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT coun
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
     WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
-    RETURNING j.*
+    -- Only what the answer sends: the CTE keeps its rows, and j.* would copy the
+    -- columns nobody reads (errors, result, ...) into it.
+    RETURNING j.id, j.name, j.payload, j.attempt, j.max_attempts, j.priority, j.queue_name,
+              j.job_key, j.run_at, j.created_at, j.started_at, j.last_error, j.lock_token,
+              j.trace_context, j.snoozes, j.limit_key
 )
 -- Times travel as seconds since the epoch (float8: exact to the microsecond from
 -- 1685 to 2255): the client builds a datetime from them in half the time the
@@ -827,7 +836,11 @@ FROM flow f;
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
     WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
-    RETURNING j.*
+    -- Only what the answer sends: the CTE keeps its rows, and j.* would copy the
+    -- columns nobody reads (errors, result, ...) into it.
+    RETURNING j.id, j.name, j.payload, j.attempt, j.max_attempts, j.priority, j.queue_name,
+              j.job_key, j.run_at, j.created_at, j.started_at, j.last_error, j.lock_token,
+              j.trace_context, j.snoozes, j.limit_key
 )
 -- Times travel as seconds since the epoch (float8: exact to the microsecond from
 -- 1685 to 2255): the client builds a datetime from them in half the time the
