@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import math
 import uuid
 from typing import Any
@@ -459,6 +460,75 @@ async def test_a_job_written_with_a_queue_name_by_hand_is_flagged(pool: asyncpg.
         "VALUES (gen_random_uuid(), 'old', '{}', 3) RETURNING limited"
     )
     assert plain is False
+
+
+async def test_no_update_of_the_jobs_table_pays_a_row_trigger_lock(pool: asyncpg.Pool) -> None:
+    """A BEFORE UPDATE row trigger makes Postgres lock every row an UPDATE writes
+    (one more WAL record per completed job): the flag is set on insert only (0011).
+    A completion writes its heap update and index entries, and no tuple lock."""
+    before_update = await pool.fetchval(
+        "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgfleet.jobs'::regclass"
+        " AND NOT tgisinternal AND (tgtype & 1) = 1 AND (tgtype & 2) = 2 AND (tgtype & 16) = 16"
+    )
+    assert before_update == 0
+    jobs = await pool.fetch(
+        "INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, status, lock_token)"
+        " SELECT gen_random_uuid(), 'walled', '{}', 3, 'running', gen_random_uuid()"
+        " FROM generate_series(1, 2) RETURNING id"
+    )
+    async with pool.acquire() as conn:
+        for row in jobs:  # the first one also builds the indexes' first pages
+            plan = await conn.fetchval(
+                "EXPLAIN (ANALYZE, WAL, FORMAT JSON) UPDATE pgfleet.jobs"
+                " SET status = 'succeeded', finished_at = now(), lock_token = NULL WHERE id = $1",
+                row["id"],
+            )
+    # heap update, primary key and jobs_finished entries: 3 records (4 with a lock).
+    assert json.loads(plan)[0]["Plan"]["WAL Records"] <= 3
+
+
+async def test_an_unflagged_live_job_of_a_named_queue_is_refused(pool: asyncpg.Pool) -> None:
+    """Only inserts are flagged by the trigger; the check refuses any other write
+    that would leave a queued, running or waiting job of a named queue on the fast
+    path (SQL by hand), and lets finished jobs be."""
+    job = await pool.fetchval(
+        "INSERT INTO pgfleet.jobs (id, name, payload, max_attempts)"
+        " VALUES (gen_random_uuid(), 'old', '{}', 3) RETURNING id"
+    )
+    with pytest.raises(asyncpg.CheckViolationError, match="jobs_named_queue_flagged"):
+        await pool.execute("UPDATE pgfleet.jobs SET queue_name = 'tenant:3' WHERE id = $1", job)
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET queue_name = 'tenant:3', limited = true WHERE id = $1", job
+    )
+
+
+async def test_a_retried_job_goes_under_flow_control_like_an_enqueue(pool: asyncpg.Pool) -> None:
+    """A job that finished before its name got a limit (or, with a queue name,
+    before 0009 flagged named queues) is queued again under flow control."""
+    queue = Queue(pool)
+    plain = await queue.enqueue("later_limited", {})
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET status = 'failed', finished_at = now() WHERE id = $1", plain
+    )
+    # Finished before 0009: a queue name, unflagged (finished jobs may be).
+    old = await pool.fetchval(
+        "INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, status, finished_at)"
+        " VALUES (gen_random_uuid(), 'serial', '{}', 3, 'failed', now()) RETURNING id"
+    )
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET queue_name = 'tenant:4', limited = false WHERE id = $1", old
+    )
+    await queue.set_limits("later_limited", concurrency=2)
+    await queue.retry(plain)
+    await queue.retry(old)
+    flags = await pool.fetch(
+        "SELECT id, status::text, limited FROM pgfleet.jobs WHERE id = ANY($1::uuid[])",
+        [plain, old],
+    )
+    assert {(r["id"], r["status"], r["limited"]) for r in flags} == {
+        (plain, "queued", True),
+        (old, "queued", True),
+    }
 
 
 # ---------------------------------------------------------------- per-key rate pace
