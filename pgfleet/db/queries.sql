@@ -575,9 +575,11 @@ WITH outcome AS (
     -- is final and its row would only be pruned later; the DELETE costs less WAL
     -- and no dead tuple in the finished-jobs index. A named queue or limited
     -- name it frees is work for someone now.
+    -- Not from outcome (read once, it is inlined); a one-time test skips it.
     DELETE FROM pgfleet.jobs j
-    USING outcome o
-    WHERE o.remove AND j.id = o.id AND j.lock_token = o.token
+    USING unnest($1::uuid[], $2::uuid[], $3::text[], $13::text[]) AS o(id, token, action, result)
+    WHERE 'remove' = ANY ($3::text[])
+      AND o.action = 'remove' AND j.id = o.id AND j.lock_token = o.token
       AND j.awaited IS NOT TRUE AND j.has_children IS NOT TRUE AND j.waiting_on IS NULL
       AND j.cancel_requested_at IS NULL AND o.result IS NULL
     RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited) AS frees, false AS told
@@ -729,8 +731,6 @@ FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT coun
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
     WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
-    -- Only what the answer sends: the CTE keeps its rows, and j.* would copy the
-    -- columns nobody reads (errors, result, ...) into it.
     RETURNING j.id, j.name, j.payload, j.attempt, j.max_attempts, j.priority, j.queue_name,
               j.job_key, j.run_at, j.created_at, j.started_at, j.last_error, j.lock_token,
               j.trace_context, j.snoozes, j.limit_key
@@ -836,8 +836,6 @@ FROM flow f;
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
     WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
-    -- Only what the answer sends: the CTE keeps its rows, and j.* would copy the
-    -- columns nobody reads (errors, result, ...) into it.
     RETURNING j.id, j.name, j.payload, j.attempt, j.max_attempts, j.priority, j.queue_name,
               j.job_key, j.run_at, j.created_at, j.started_at, j.last_error, j.lock_token,
               j.trace_context, j.snoozes, j.limit_key

@@ -51,7 +51,7 @@ def test_parse_refuses_unknown_late_twice_defined_and_unused_fragments() -> None
 def test_both_claim_statements_share_the_completion_text() -> None:
     """The completion half is written once in the file, and both statements carry it."""
     text = (PACKAGE / "db" / "queries.sql").read_text()
-    for marker in ("), done AS (", "USING outcome o", "), tell AS (", "FROM finished d CROSS JOIN"):
+    for marker in ("), done AS (", "USING unnest($1::uuid[], $2::uuid[], $3::text[], $13", "), tell AS (", "FROM finished d CROSS JOIN"):
         assert text.count(marker) == 1, marker
         assert marker in Q.job_complete_and_claim.sql
         assert marker in Q.job_complete_and_claim_lean.sql
@@ -82,3 +82,12 @@ def test_no_sql_outside_the_db_layer() -> None:
             if sql.search(line) and not line.lstrip().startswith("#"):
                 offenders.append(f"{path.relative_to(PACKAGE)}:{lineno}: {line.strip()}")
     assert offenders == []
+
+
+def test_the_claim_statements_fit_asyncpgs_statement_cache() -> None:
+    """asyncpg prepares and caches a statement only up to max_cacheable_statement_size
+    (15 KiB by default, counted on its text, comments included): a longer claim
+    statement is sent unnamed and planned again every round (about 2 ms each)."""
+    cap = 15 * 1024
+    for query in (Q.job_complete_and_claim, Q.job_complete_and_claim_lean):
+        assert len(query.sql.encode()) <= cap, (query.name, len(query.sql.encode()))
