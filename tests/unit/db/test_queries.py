@@ -51,7 +51,12 @@ def test_parse_refuses_unknown_late_twice_defined_and_unused_fragments() -> None
 def test_both_claim_statements_share_the_completion_text() -> None:
     """The completion half is written once in the file, and both statements carry it."""
     text = (PACKAGE / "db" / "queries.sql").read_text()
-    for marker in ("), done AS (", "USING unnest($1::uuid[], $2::uuid[], $3::text[], $13", "), tell AS (", "FROM finished d CROSS JOIN"):
+    for marker in (
+        "), done AS (",
+        "USING unnest($1::uuid[], $2::uuid[], $3::text[], $13",
+        "), tell AS (",
+        "FROM finished d CROSS JOIN",
+    ):
         assert text.count(marker) == 1, marker
         assert marker in Q.job_complete_and_claim.sql
         assert marker in Q.job_complete_and_claim_lean.sql
