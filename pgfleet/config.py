@@ -104,8 +104,9 @@ class WorkerConfig:
     #: Let the leader VACUUM (ANALYZE) the jobs table when dead tuples pile up:
     #: "auto" only when autovacuum is off for it, "always", or "never".
     vacuum: str = "auto"
-    #: How often the leader checks whether the jobs table needs a VACUUM.
-    vacuum_interval: float | timedelta = 60.0
+    #: How often the leader checks whether the jobs table needs a VACUUM (one read
+    #: of its statistics; the leader also checks between batches moved to history).
+    vacuum_interval: float | timedelta = 2.0
     #: Dead tuples below this (or below a fifth of the live ones) are left alone.
     vacuum_min_dead_tuples: int = 10_000
     #: Cron schedules are checked at least this often (and just after each

@@ -1039,7 +1039,9 @@ FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'pgfleet.jobs'::regclass;
 
 -- name: jobs_vacuum :exec
-VACUUM (ANALYZE) pgfleet.jobs;
+-- SKIP_LOCKED: when autovacuum is vacuuming the table already, the leader does not
+-- wait behind it (nor hold the chores' turn that long).
+VACUUM (ANALYZE, SKIP_LOCKED) pgfleet.jobs;
 -- ---------------------------------------------------------------- cron
 
 -- name: cron_now :val
