@@ -102,7 +102,8 @@ class WorkerConfig:
     #: Take part in the election of the worker that runs fleet-wide maintenance.
     lead: bool = True
     #: Let the leader VACUUM (ANALYZE) the jobs table when dead tuples pile up:
-    #: "auto" only when autovacuum is off for it, "always", or "never".
+    #: "auto" when autovacuum is off for it or has fallen behind (4 times the
+    #: threshold), "always", or "never".
     vacuum: str = "auto"
     #: How often the leader checks whether the jobs table needs a VACUUM (one read
     #: of its statistics; the leader also checks between batches moved to history).
@@ -425,8 +426,8 @@ WORKER_OPTIONS: tuple[ConfigOption, ...] = (
         "vacuum",
         "--vacuum",
         "VACUUM",
-        "leader vacuums the jobs table when dead tuples pile up: auto (only when "
-        "autovacuum is off), always, never",
+        "leader vacuums the jobs table when dead tuples pile up: auto (when "
+        "autovacuum is off or has fallen behind), always, never",
         kind="choice",
         choices=("auto", "always", "never"),
     ),
