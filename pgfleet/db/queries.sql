@@ -1040,8 +1040,11 @@ WHERE c.oid = 'pgfleet.jobs'::regclass;
 
 -- name: jobs_vacuum :exec
 -- SKIP_LOCKED: when autovacuum is vacuuming the table already, the leader does not
--- wait behind it (nor hold the chores' turn that long).
-VACUUM (ANALYZE, SKIP_LOCKED) pgfleet.jobs;
+-- wait behind it (nor hold the chores' turn that long). TRUNCATE false: the free
+-- pages at the table's end are refilled within seconds, and giving them back takes
+-- an ACCESS EXCLUSIVE lock that claims queue behind (a soak caught the leader's
+-- vacuum waiting for it for 10 s at a time), then extends the table again.
+VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false) pgfleet.jobs;
 -- ---------------------------------------------------------------- cron
 
 -- name: cron_now :val

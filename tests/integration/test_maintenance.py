@@ -223,6 +223,27 @@ async def test_the_historian_vacuums_between_its_batches(pool: asyncpg.Pool, dat
     await worker.heartbeat.deregister()
 
 
+async def test_the_leaders_vacuum_keeps_the_claim_tables_pages(pool: asyncpg.Pool) -> None:
+    """Empty pages at the table's end stay the table's (0011, TRUNCATE false): giving
+    them back takes an ACCESS EXCLUSIVE lock that claims queue behind, and a busy
+    queue refills them within seconds."""
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("record", {"i": i}) for i in range(2000)])
+    size = await pool.fetchval("SELECT pg_relation_size('pgfleet.jobs')")
+    await pool.execute("DELETE FROM pgfleet.jobs")
+    await dead_tuples_reported(pool, 2000)
+    worker = Worker(
+        pool,
+        runtime_app.registry,
+        WorkerConfig(vacuum="always", vacuum_min_dead_tuples=0, **FAST),
+    )
+    assert await worker.vacuumer.vacuum_if_needed()
+    assert await pool.fetchval("SELECT pg_relation_size('pgfleet.jobs')") == size > 0
+    # Space reused: as many jobs again take no new page.
+    await queue.enqueue_many([EnqueueRequest("record", {"i": i}) for i in range(2000)])
+    assert await pool.fetchval("SELECT pg_relation_size('pgfleet.jobs')") == size
+
+
 def test_bad_vacuum_settings() -> None:
     from pgfleet import InvalidOptions
 

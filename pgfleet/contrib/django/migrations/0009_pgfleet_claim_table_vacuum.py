@@ -1,4 +1,4 @@
-"""pgfleet's migration 0011 (autovacuum of the claim table unthrottled)
+"""pgfleet's migration 0011 (the claim table vacuumed unthrottled, not truncated)
 in the backend's database."""
 
 from django.db import migrations
