@@ -102,10 +102,12 @@ class WorkerConfig:
     #: Take part in the election of the worker that runs fleet-wide maintenance.
     lead: bool = True
     #: Let the leader VACUUM (ANALYZE) the jobs table when dead tuples pile up:
-    #: "auto" only when autovacuum is off for it, "always", or "never".
+    #: "auto" when autovacuum is off for it or has fallen behind (4 times the
+    #: threshold), "always", or "never".
     vacuum: str = "auto"
-    #: How often the leader checks whether the jobs table needs a VACUUM.
-    vacuum_interval: float | timedelta = 60.0
+    #: How often the leader checks whether the jobs table needs a VACUUM (one read
+    #: of its statistics; the leader also checks between batches moved to history).
+    vacuum_interval: float | timedelta = 2.0
     #: Dead tuples below this (or below a fifth of the live ones) are left alone.
     vacuum_min_dead_tuples: int = 10_000
     #: Cron schedules are checked at least this often (and just after each
@@ -424,8 +426,8 @@ WORKER_OPTIONS: tuple[ConfigOption, ...] = (
         "vacuum",
         "--vacuum",
         "VACUUM",
-        "leader vacuums the jobs table when dead tuples pile up: auto (only when "
-        "autovacuum is off), always, never",
+        "leader vacuums the jobs table when dead tuples pile up: auto (when "
+        "autovacuum is off or has fallen behind), always, never",
         kind="choice",
         choices=("auto", "always", "never"),
     ),

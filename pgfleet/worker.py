@@ -196,6 +196,14 @@ class Worker:
                 batch_size=cfg.prune_batch_size,
             )
         )
+        self._vacuumer = Vacuumer(
+            self._db,
+            interval=cfg.seconds("vacuum_interval"),
+            is_leader=is_leader,
+            turn=turn,
+            mode=cfg.vacuum,
+            min_dead_tuples=cfg.vacuum_min_dead_tuples,
+        )
         move_after = cfg.optional_seconds("history_move_after")
         self._historian = (
             None
@@ -208,15 +216,9 @@ class Worker:
                 move_after=move_after,
                 retention=retention,
                 batch_size=cfg.prune_batch_size,
+                # Each batch moved leaves its dead tuples: vacuumed as they pile up.
+                between_batches=self._vacuumer.vacuum_if_needed,
             )
-        )
-        self._vacuumer = Vacuumer(
-            self._db,
-            interval=cfg.seconds("vacuum_interval"),
-            is_leader=is_leader,
-            turn=turn,
-            mode=cfg.vacuum,
-            min_dead_tuples=cfg.vacuum_min_dead_tuples,
         )
         #: The listener's own connection (listen_dsn), closed when the worker stops.
         self._listen_pool: LazyPool | None = None

@@ -2,7 +2,8 @@
 leads: the Rescuer recovers the jobs of dead workers, the Historian moves finished
 jobs to their history and drops its days past the retention, the Pruner deletes
 finished jobs past their retention that stayed in the jobs table, the Vacuumer
-vacuums the jobs table when nothing else does.
+vacuums the jobs table when dead tuples pile up (on its period, and between the
+Historian's batches: moving a batch leaves as many dead tuples).
 
 They take turns on one lock, so that together they hold at most one connection of
 the pool (the heartbeat's must never wait behind a long prune).
@@ -27,6 +28,11 @@ PRUNE_ROUND_BATCHES = 100
 HISTORY_ROUND_BATCHES = 300
 #: Days of history partitions the leader keeps created ahead of today.
 HISTORY_DAYS_AHEAD = 7
+#: A table autovacuum covers is vacuumed by the leader too once its dead tuples pass
+#: this many times the leader's own threshold: autovacuum fell behind (it visits a
+#: database once per ``autovacuum_naptime``, a minute by default, while a busy queue
+#: leaves tens of thousands of dead tuples a second).
+AUTOVACUUM_BEHIND = 4
 
 
 class Chore(Periodic):
@@ -168,13 +174,17 @@ class Historian(Chore):
         retention: float | None,
         batch_size: int,
         days_ahead: int = HISTORY_DAYS_AHEAD,
+        between_batches: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         super().__init__(pool, interval=interval, is_leader=is_leader, turn=turn)
+        self._between = between_batches
         self._move_after = move_after
         self._retention = retention
         self._batch = batch_size
         self._ahead = days_ahead
         self.moved = 0
+        #: The last round stopped at HISTORY_ROUND_BATCHES with more to move.
+        self.behind = False
         self.partitions_created = 0
         self.partitions_dropped = 0
 
@@ -194,16 +204,29 @@ class Historian(Chore):
         return created
 
     async def move(self) -> int:
-        """One round: at most HISTORY_ROUND_BATCHES batches; how many moved."""
+        """One round: at most HISTORY_ROUND_BATCHES batches; how many moved. After
+        each full batch, ``between_batches`` runs (the Vacuumer's check): a round
+        that moves a minute of a busy queue's jobs leaves as many dead tuples, which
+        a vacuum at the end of the round would find piled up in a table grown to
+        hold them."""
         total = 0
+        self.behind = True
         for _ in range(HISTORY_ROUND_BATCHES):
             n = await self._store.jobs_history_move(
                 older_than_seconds=self._move_after, batch_size=self._batch
             )
             total += n
+            self.moved += n
             if n < self._batch:
+                self.behind = False
                 break
-        self.moved += total
+            if self._between is not None:
+                await self._between()
+        if self.behind:
+            # More jobs finish per interval than a round moves (300,000 a minute at
+            # the defaults): the next round starts at once, after the other chores
+            # had their turn, instead of letting the claim table grow.
+            self.kick()
         return total
 
     async def drop(self) -> list[str]:
@@ -218,10 +241,16 @@ class Historian(Chore):
 
 
 class Vacuumer(Chore):
-    """VACUUM (ANALYZE) the jobs table when it carries many dead tuples and nothing
-    else will clean them: autovacuum is off (``mode="auto"``), or always
-    (``mode="always"``). A queue rewrites every row it holds twice, so without
-    vacuum its dead tuples and index bloat grow without bound."""
+    """VACUUM (ANALYZE) the jobs table when it carries many dead tuples: at least
+    ``min_dead_tuples`` and a fifth of the live ones. A queue rewrites every row it
+    holds twice and the Historian deletes it, so without vacuum its dead tuples and
+    index bloat grow without bound, and the claim walks them.
+
+    ``mode="auto"``: when autovacuum is off for the table, and when it is on but has
+    fallen behind (:data:`AUTOVACUUM_BEHIND` times the threshold); ``"always"``;
+    ``"never"``. The check is one read of the table's statistics: it runs on the
+    Vacuumer's period and between the Historian's batches, so the table is
+    vacuumed as soon as the threshold is passed, each vacuum with bounded work."""
 
     name = "vacuum"
 
@@ -239,19 +268,28 @@ class Vacuumer(Chore):
         self.mode = mode
         self._min_dead = min_dead_tuples
         self.vacuums = 0
+        #: Dead tuples the last vacuum found, as the statistics said.
+        self.last_dead_tuples = 0
 
     async def chore(self) -> None:
-        if self.mode != "never":
-            await self.vacuum_if_needed()
+        await self.vacuum_if_needed()
+
+    def threshold(self, live_tuples: int, *, autovacuum: bool) -> int:
+        """Dead tuples from which the leader vacuums the table."""
+        base = max(self._min_dead, live_tuples // 5)
+        return base * AUTOVACUUM_BEHIND if autovacuum else base
 
     async def vacuum_if_needed(self) -> bool:
+        """Vacuum the jobs table when its dead tuples passed the threshold; whether
+        it did. Called with the chores' turn held."""
+        if self.mode == "never":
+            return False
         health = await self._store.jobs_table_health()
         if health is None:
             return False
-        if self.mode == "auto" and health.autovacuum:
-            return False
+        autovacuum = health.autovacuum and self.mode == "auto"
         dead, live = health.dead_tuples, health.live_tuples
-        if dead < max(self._min_dead, live // 5):
+        if dead < self.threshold(live, autovacuum=autovacuum):
             return False
         try:
             await self._store.jobs_vacuum()
@@ -260,5 +298,6 @@ class Vacuumer(Chore):
             self.mode = "never"
             return False
         self.vacuums += 1
-        log.info("vacuumed pgfleet.jobs: %d dead tuples (%d live)", dead, live)
+        self.last_dead_tuples = dead
+        log.debug("vacuumed pgfleet.jobs: %d dead tuples (%d live)", dead, live)
         return True

@@ -246,7 +246,7 @@ SELECT count(*) FROM restored;
 -- The error history stays: it tells what the earlier runs met. Queued again, the
 -- job is under flow control as an enqueue would put it (a limit key, a named queue,
 -- a name with a limit or a pause now): a job that finished before its name got a
--- limit, or before 0009, is not left on the fast path (0011's check).
+-- limit, or before 0009, is not left on the fast path (0012's check).
 UPDATE pgfleet.jobs
 SET status = 'queued', attempt = 0, run_at = now(), started_at = NULL, finished_at = NULL,
     last_error = NULL, result = NULL, snoozes = NULL, cancel_requested_at = NULL,
@@ -1050,7 +1050,12 @@ FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'pgfleet.jobs'::regclass;
 
 -- name: jobs_vacuum :exec
-VACUUM (ANALYZE) pgfleet.jobs;
+-- SKIP_LOCKED: when autovacuum is vacuuming the table already, the leader does not
+-- wait behind it (nor hold the chores' turn that long). TRUNCATE false: the free
+-- pages at the table's end are refilled within seconds, and giving them back takes
+-- an ACCESS EXCLUSIVE lock that claims queue behind (a soak caught the leader's
+-- vacuum waiting for it for 10 s at a time), then extends the table again.
+VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false) pgfleet.jobs;
 -- ---------------------------------------------------------------- cron
 
 -- name: cron_now :val

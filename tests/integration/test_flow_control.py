@@ -464,7 +464,7 @@ async def test_a_job_written_with_a_queue_name_by_hand_is_flagged(pool: asyncpg.
 
 async def test_no_update_of_the_jobs_table_pays_a_row_trigger_lock(pool: asyncpg.Pool) -> None:
     """A BEFORE UPDATE row trigger makes Postgres lock every row an UPDATE writes
-    (one more WAL record per completed job): the flag is set on insert only (0011).
+    (one more WAL record per completed job): the flag is set on insert only (0012).
     A completion writes its heap update and index entries, and no tuple lock."""
     before_update = await pool.fetchval(
         "SELECT count(*) FROM pg_trigger WHERE tgrelid = 'pgfleet.jobs'::regclass"

@@ -21,11 +21,13 @@ from pgfleet import (
     migrate,
     migrations,
 )
+from pgfleet._runtime.maintenance import HISTORY_ROUND_BATCHES
 from pgfleet.db.store import Store
 from pgfleet.service.console.data import ConsoleData, JobFilter
 from tests.apps import runtime_app
 from tests.helpers import put_in_state
 from tests.integration.conftest import FAST
+from tools.devkit import until
 
 DAY = 86400.0
 #: The history migration's number (renumbered at a merge: read it, never write it).
@@ -358,3 +360,31 @@ async def test_migration_on_a_populated_jobs_table(pool: asyncpg.Pool) -> None:
         "SELECT count(*) FROM ONLY pgfleet.jobs"
     )
     assert await pool.fetchval("SELECT count(*) FROM pgfleet.jobs_all") == 300000
+
+
+async def test_a_historian_behind_starts_its_next_round_at_once(pool: asyncpg.Pool) -> None:
+    """More finished jobs than a round moves (HISTORY_ROUND_BATCHES batches): the
+    next round runs at once, not a prune_interval later, or a busy queue's claim
+    table would grow by the difference every interval."""
+    total = HISTORY_ROUND_BATCHES + 5
+    await Queue(pool).enqueue_many([EnqueueRequest("record", {}) for _ in range(total)])
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET status = 'succeeded', attempt = 1, started_at = now(),"
+        " finished_at = now() - interval '10 minutes'"
+    )
+    worker = leader(pool, prune_batch_size=1, prune_interval=3600.0)
+    await worker.heartbeat.run_once()
+    historian = worker.historian
+    assert worker.is_leader and historian is not None
+
+    async def all_moved() -> bool:
+        return historian.moved == total
+
+    historian.start()
+    try:
+        await until(all_moved, timeout=60, what="every job moved")
+    finally:
+        await historian.stop()
+    assert not historian.behind
+    assert await pool.fetchval("SELECT count(*) FROM ONLY pgfleet.jobs") == 0
+    await worker.heartbeat.deregister()

@@ -8,6 +8,7 @@ import asyncpg
 import pytest
 
 from pgfleet import EnqueueOptions, EnqueueRequest, Job, Queue, Registry, Worker, WorkerConfig
+from pgfleet._runtime.maintenance import AUTOVACUUM_BEHIND
 from pgfleet.testing import drain
 from tests.apps import runtime_app
 from tests.helpers import put_in_state, register_worker
@@ -133,7 +134,23 @@ async def test_the_leader_vacuums_the_jobs_table(
     await worker.heartbeat.deregister()
 
 
-async def test_vacuum_auto_leaves_tables_that_autovacuum_covers(
+async def dead_tuples(pool: asyncpg.Pool) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
+        )
+    )
+
+
+async def vacuum_count(pool: asyncpg.Pool) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
+        )
+    )
+
+
+async def test_vacuum_auto_leaves_tables_that_autovacuum_covers_until_it_falls_behind(
     pool: asyncpg.Pool, database: str
 ) -> None:
     await pool.execute("ALTER TABLE pgfleet.jobs SET (autovacuum_enabled = true)")
@@ -142,12 +159,89 @@ async def test_vacuum_auto_leaves_tables_that_autovacuum_covers(
     await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(300)])
     await drain_on_own_pool(database, runtime_app.registry)
     await dead_tuples_reported(pool, 300)
-    worker = Worker(pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=0, **FAST))
+    # Past the leader's own threshold, short of the one for a table autovacuum covers.
+    threshold = await dead_tuples(pool) // 2
+    worker = Worker(
+        pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=threshold, **FAST)
+    )
     await worker.heartbeat.run_once()
     vacuumed = await worker.vacuumer.vacuum_if_needed()
     # Vacuumed exactly when the server's autovacuum is off (as on this test machine).
     assert vacuumed is (not autovacuum_on)
+    # Autovacuum is behind once the dead tuples reach AUTOVACUUM_BEHIND times it.
+    assert worker.vacuumer.threshold(0, autovacuum=True) == AUTOVACUUM_BEHIND * threshold
+    assert worker.vacuumer.threshold(0, autovacuum=False) == threshold
+    assert worker.vacuumer.threshold(threshold * 10, autovacuum=False) == threshold * 2
     await worker.heartbeat.deregister()
+
+
+async def test_the_vacuumer_waits_for_its_threshold_of_dead_tuples(
+    pool: asyncpg.Pool, database: str
+) -> None:
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(300)])
+    await drain_on_own_pool(database, runtime_app.registry)
+    await dead_tuples_reported(pool, 300)
+    dead = await dead_tuples(pool)
+    below = Worker(
+        pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=dead + 1, **FAST)
+    )
+    at = Worker(pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=dead, **FAST))
+    before = await vacuum_count(pool)
+    assert not await below.vacuumer.vacuum_if_needed()
+    assert await vacuum_count(pool) == before
+    assert await at.vacuumer.vacuum_if_needed()
+    assert await vacuum_count(pool) == before + 1
+    assert at.vacuumer.last_dead_tuples == dead
+
+
+async def test_the_historian_vacuums_between_its_batches(pool: asyncpg.Pool, database: str) -> None:
+    """A round of the Historian that moves many batches leaves as many dead tuples:
+    the table is vacuumed as they pass the threshold, not after the round (nor on
+    the Vacuumer's period)."""
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("record", {}) for _ in range(300)])
+    await drain_on_own_pool(database, runtime_app.registry)
+    await dead_tuples_reported(pool, 300)
+    worker = Worker(
+        pool,
+        runtime_app.registry,
+        WorkerConfig(
+            history_move_after=0.001,
+            prune_batch_size=100,
+            vacuum_min_dead_tuples=await dead_tuples(pool),
+            **FAST,
+        ),
+    )
+    await worker.heartbeat.run_once()
+    assert worker.is_leader and worker.historian is not None
+    before = await vacuum_count(pool)
+    await worker.historian.run_once()  # prepares, moves three batches of 100, drops
+    assert worker.historian.moved == 300
+    assert worker.vacuumer.vacuums >= 1
+    assert await vacuum_count(pool) - before == worker.vacuumer.vacuums
+    await worker.heartbeat.deregister()
+
+
+async def test_the_leaders_vacuum_keeps_the_claim_tables_pages(pool: asyncpg.Pool) -> None:
+    """Empty pages at the table's end stay the table's (0011, TRUNCATE false): giving
+    them back takes an ACCESS EXCLUSIVE lock that claims queue behind, and a busy
+    queue refills them within seconds."""
+    queue = Queue(pool)
+    await queue.enqueue_many([EnqueueRequest("record", {"i": i}) for i in range(2000)])
+    size = await pool.fetchval("SELECT pg_relation_size('pgfleet.jobs')")
+    await pool.execute("DELETE FROM pgfleet.jobs")
+    await dead_tuples_reported(pool, 2000)
+    worker = Worker(
+        pool,
+        runtime_app.registry,
+        WorkerConfig(vacuum="always", vacuum_min_dead_tuples=0, **FAST),
+    )
+    assert await worker.vacuumer.vacuum_if_needed()
+    assert await pool.fetchval("SELECT pg_relation_size('pgfleet.jobs')") == size > 0
+    # Space reused: as many jobs again take no new page.
+    await queue.enqueue_many([EnqueueRequest("record", {"i": i}) for i in range(2000)])
+    assert await pool.fetchval("SELECT pg_relation_size('pgfleet.jobs')") == size
 
 
 def test_bad_vacuum_settings() -> None:

@@ -80,6 +80,14 @@ async def test_migrate_builds_the_expected_schema(pool: asyncpg.Pool) -> None:
     assert "UNIQUE" not in indexes["jobs_queue_running"]
     statuses = await pool.fetchval("SELECT enum_range(NULL::pgfleet.job_status)::text")
     assert statuses == "{queued,running,succeeded,failed,cancelled,waiting}"
+    # The claim table turns over: vacuum passes over it unthrottled and leaves its
+    # size alone (0011).
+    options = await pool.fetchval(
+        "SELECT reloptions FROM pg_class WHERE oid = 'pgfleet.jobs'::regclass"
+    )
+    assert "autovacuum_vacuum_cost_delay=0" in options
+    assert "vacuum_truncate=false" in options
+    assert "autovacuum_vacuum_scale_factor=0.01" in options
 
 
 async def test_migrate_is_idempotent(pool: asyncpg.Pool) -> None:

@@ -1,4 +1,4 @@
--- pgfleet 0011: the named-queue flag of 0009 is set on insert only; a check keeps
+-- pgfleet 0012: the named-queue flag of 0009 is set on insert only; a check keeps
 -- every live job of a named queue flagged.
 --
 -- A row trigger that fires BEFORE UPDATE makes Postgres lock and re-read every row

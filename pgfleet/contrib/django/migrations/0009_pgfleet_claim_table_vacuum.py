@@ -1,5 +1,5 @@
-"""pgfleet's migration 0011 (the named-queue flag set on insert only, and a check
-that keeps every live job of a named queue flagged) in the backend's database."""
+"""pgfleet's migration 0011 (the claim table vacuumed unthrottled, not truncated)
+in the backend's database."""
 
 from django.db import migrations
 

@@ -1,0 +1,24 @@
+-- pgfleet 0011: vacuum of the claim table, by autovacuum or by hand, unthrottled and
+-- without truncation.
+--
+-- pgfleet.jobs turns over: a job's claim and its completion rewrite its row and
+-- its move to history deletes it, three dead tuples a job (45,000 a second at
+-- 15,000 jobs/s). The space of dead tuples is reused once a vacuum has passed;
+-- until then the table and its indexes grow and the claim walks dead entries.
+--
+-- autovacuum_vacuum_cost_delay = 0: the leader's VACUUM runs unthrottled
+-- (vacuum_cost_delay is 0 by default), but autovacuum sleeps 2 ms every 200 cost
+-- units, which on this table stretches each pass over more of the dead tuples
+-- that arrive meanwhile. The table holds what is queued, running and about a
+-- minute of finished work: unthrottled, a pass is short. (Its thresholds, a scale
+-- factor of 0.01, were set in 0001.)
+--
+-- vacuum_truncate = false: a vacuum gives the empty pages at the end of a table
+-- back to the filesystem under an ACCESS EXCLUSIVE lock, which every claim,
+-- completion and enqueue queues behind, and a busy queue refills those pages
+-- within seconds. The space stays the table's, reused. After a one-off backlog,
+-- `VACUUM (TRUNCATE true) pgfleet.jobs` gives it back.
+--
+-- SET of storage parameters takes SHARE UPDATE EXCLUSIVE on pgfleet.jobs: claims,
+-- enqueues and completions go on; it waits only for a running VACUUM.
+ALTER TABLE pgfleet.jobs SET (autovacuum_vacuum_cost_delay = 0, vacuum_truncate = false);
