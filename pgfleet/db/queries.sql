@@ -963,11 +963,19 @@ SELECT 1;
 -- that was analysed and is gone, a TRUNCATE) push its cost over jit_above_cost,
 -- and every round then compiled ~60 functions: 50-350 ms per claim, the pickup
 -- tail latency that once made the generic plan look unsafe.
+-- And a round the worker gave up on (its deadline passed, the connection dropped)
+-- ends on the server too: without client_connection_check_interval the backend
+-- runs it to the end, holding the row locks of the jobs it claims, and the
+-- worker's next connection waits on them (a soak saw a 15 s claim stall the
+-- fleet for minutes this way). The check is a poll() per second of a running
+-- statement.
 SET enable_bitmapscan = off; SET enable_seqscan = off;
 SET plan_cache_mode = force_generic_plan; SET jit = off;
+SET client_connection_check_interval = '1s';
 
 -- name: claim_session_end :exec
 RESET enable_bitmapscan; RESET enable_seqscan; RESET plan_cache_mode; RESET jit;
+RESET client_connection_check_interval;
 
 -- name: claim_transaction_begin :exec
 -- Behind a transaction-mode pooler no SET may outlive its transaction: the claim
@@ -975,6 +983,7 @@ RESET enable_bitmapscan; RESET enable_seqscan; RESET plan_cache_mode; RESET jit;
 -- (its statements are unnamed, so planned each time with their parameters: no
 -- plan_cache_mode; jit stays off all the same).
 BEGIN; SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off; SET LOCAL jit = off;
+SET LOCAL client_connection_check_interval = '1s';
 
 -- name: claim_transaction_commit :exec
 COMMIT;

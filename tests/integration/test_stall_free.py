@@ -27,9 +27,11 @@ from pgfleet import (
     Worker,
     WorkerConfig,
 )
+from pgfleet._runtime.claim_connection import ClaimConnection
 from pgfleet.db.deadlines import BoundedPool, DatabaseTimeout, close_pool
 from tests.chaos.proxy import ChaosProxy
 from tests.integration.conftest import FAST, Recorder, running_worker
+from tools.devkit import until
 
 
 def _through(dsn: str, port: int) -> str:
@@ -375,3 +377,44 @@ async def test_a_pipelined_round_on_a_connection_lost_in_the_same_turn_is_a_lost
     with pytest.raises(DatabaseUnavailable, match="closed before the round was sent"):
         await worker._claims._send([], 1, 1, [])
     assert pool.get_size() - pool.get_idle_size() == 0  # the slot went back
+
+
+@pytest.mark.parametrize("pooled", [False, True], ids=["session", "pooler"])
+async def test_a_claim_connection_dropped_mid_statement_ends_the_statement_on_the_server(
+    database: str, pooled: bool
+) -> None:
+    """The claim loop drops a connection whose round passed its deadline. The
+    server must end that round too: run to its end, it would keep the row locks of
+    the jobs it claims, and the worker's next connection would wait on them."""
+    pool = await pgfleet.create_pool(database, min_size=0, max_size=2)
+    claim = ClaimConnection(pool, pooled=pooled, timeout=10.0)
+    try:
+        await claim.open()
+        assert claim.held is not None
+        conn = claim.held.conn
+        pid = conn.get_server_pid()
+
+        async def long_round(store: Any) -> Any:
+            # The stand-in for a round that runs long on the server.
+            return await conn.fetch("SELECT pg_sleep(600)")
+
+        round_task = asyncio.create_task(claim.transact(long_round))
+
+        async def sleeping() -> bool:
+            state = await pool.fetchval(
+                "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", pid
+            )
+            return state == "PgSleep"
+
+        await until(sleeping, timeout=30, what="the round running on the server")
+        claim.drop()
+        with pytest.raises(Exception):  # noqa: B017 - whatever the dropped connection raises
+            await round_task
+
+        async def gone() -> bool:
+            n = await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
+            return n == 0
+
+        await until(gone, timeout=30, what="the dropped round's backend to end")
+    finally:
+        await close_pool(pool, timeout=2.0)
