@@ -24,13 +24,7 @@ from pgfleet._runtime.execution import JobRunner
 from pgfleet._runtime.outcomes import Outcome, RunStats
 from pgfleet.db.deadlines import BoundedPool
 from pgfleet.db.store import Store
-from pgfleet.db.translate import (
-    claimed_count,
-    flow_active,
-    flow_pace,
-    is_connection_error,
-    round_result,
-)
+from pgfleet.db.translate import is_connection_error, round_result, round_signals
 from pgfleet.db.types import Record
 from pgfleet.errors import DatabaseUnavailable
 from pgfleet.events import WorkerEvents
@@ -211,7 +205,7 @@ class ClaimLoop:
                     )
                     idle = False
                     continue
-                batch, rows = await self._send_round(turn, deferred)
+                batch, rows, claimed = await self._send_round(turn, deferred)
                 deferred = None
                 if rows is None:
                     continue
@@ -219,7 +213,6 @@ class ClaimLoop:
                     stopping=self.stopping, pending=len(self.outcomes), unmarked=executor.unmarked
                 ):
                     # Handlers finished while the round was out: send theirs first.
-                    claimed = claimed_count(rows)
                     deferred = _Deferred(batch, rows, claimed)
                 else:
                     claimed = self._settle(batch, rows)
@@ -239,10 +232,10 @@ class ClaimLoop:
 
     async def _send_round(
         self, turn: Turn, deferred: _Deferred | None
-    ) -> tuple[list[Outcome], list[Record] | None]:
+    ) -> tuple[list[Outcome], list[Record] | None, int]:
         """Send a round as ``turn`` says, settling ``deferred`` while it is out when
-        pipelined; its batch of outcomes and its rows (None: it failed, and was
-        handled)."""
+        pipelined; its batch of outcomes, its rows (None: it failed, and was
+        handled) and how many jobs it claimed."""
         self._wake_event.clear()
         batch, self.outcomes = self.outcomes, []
         self._finished = False
@@ -253,14 +246,14 @@ class ClaimLoop:
             assert turn.pipelined  # else settled
             pipelined = await self._send_then_settle(batch, turn, started, deferred)
         rows = await self._round(batch, turn, started, pipelined)
-        if rows is not None:
-            self._round_started = None
-            self._refused = 0
-            self._pace = flow_pace(rows)
-            self._flow = flow_active(rows)
-            if self._failures:
-                self._recovered()
-        return batch, rows
+        if rows is None:
+            return batch, None, 0
+        self._round_started = None
+        self._refused = 0
+        claimed, self._pace, self._flow = round_signals(rows)
+        if self._failures:
+            self._recovered()
+        return batch, rows, claimed
 
     async def _round(
         self,

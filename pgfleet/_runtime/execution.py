@@ -313,8 +313,15 @@ class JobRunner:
             d = outcome.duration
             self._mean_duration = d if mean is None else mean + 0.1 * (d - mean)
         self._on_outcome(outcome)
-        if self._held:
-            self._refill()
+        held = self._held
+        if held and len(self.running) < self._concurrency:
+            # The slot this job freed, as a rule the only one: its next job starts
+            # here, without the batch refill's generator and list per job.
+            entry = held.popleft()
+            self._held_since[entry[0].id] = entry[1]
+            self._start((entry[0],))
+            if held:
+                self._refill()  # more slots free (a cancel, a shrunk hold): rare
 
     async def drain(self, grace: float) -> None:
         """Give running handlers ``grace`` seconds, then cancel the rest (their

@@ -12,7 +12,14 @@ from pathlib import Path
 import pytest
 
 from pgfleet import Job, JobStatus
-from pgfleet.db.translate import ROUND_COLUMNS, round_result
+from pgfleet.db.translate import (
+    ROUND_COLUMNS,
+    claimed_count,
+    flow_active,
+    flow_pace,
+    round_result,
+    round_signals,
+)
 from pgfleet.jobs import make_job
 
 PACKAGE = Path(__file__).resolve().parents[3] / "pgfleet"
@@ -131,6 +138,24 @@ def test_a_round_splits_into_jobs_to_start_held_jobs_in_claim_order_and_applied_
     assert [j.id for j in ahead] == [ids[2], ids[1], ids[0], ids[3]]
     assert [j.payload for j in ahead] == [None, [1, 2], "s", {"n": 1.5}]
     assert {j.created_at for j in ahead} == {datetime(2026, 1, 1, tzinfo=UTC)}
+
+
+@pytest.mark.parametrize(
+    "markers",
+    [(), ((True, 0.5),), ((False, None),), ((True, 0.001), (False, None), (True, 2.0))],
+)
+def test_round_signals_read_in_one_pass_what_the_three_readers_say(
+    markers: tuple[tuple[bool, float | None], ...],
+) -> None:
+    rows = [_round_row(claimed=False, id=uuid.uuid4()) for _ in range(3)]
+    rows += [
+        _round_row(claimed=True, held=False, id=uuid.uuid4(), name="n", payload="1")
+        for _ in range(2)
+    ]
+    for i, (held, wait) in enumerate(markers):  # flow control's rows, anywhere
+        rows.insert(2 * i, _round_row(claimed=False, held=held, run_at=wait))
+    assert round_signals(rows) == (claimed_count(rows), flow_pace(rows), flow_active(rows))  # type: ignore[arg-type]  # a Record unpacks the same
+    assert round_signals(rows)[0] == 2  # type: ignore[arg-type]
 
 
 def test_times_outside_what_a_datetime_holds_read_as_the_driver_reads_them() -> None:
