@@ -187,7 +187,9 @@ def main() -> None:
         return
     if args.old is None:
         parser.error("--old is required")
-    runs: dict[str, dict[str, list[float]]] = {"old": {}, "new": {}}
+    # side -> measure -> round -> value: a measure a round could not take (the
+    # Postgres CPU of a backend that ended before it was read) is paired by round.
+    runs: dict[str, dict[str, dict[int, float]]] = {"old": {}, "new": {}}
     for round_ in range(args.repeats):
         order = ("old", "new") if round_ % 2 == 0 else ("new", "old")
         for side in order:
@@ -221,21 +223,24 @@ def main() -> None:
             rounded = {key: round(value) for key, value in result.items()}
             print(side, round_ + 1, json.dumps(rounded), flush=True)
             for key, value in result.items():
-                runs[side].setdefault(key, []).append(value)
+                runs[side].setdefault(key, {})[round_] = value
     # Ratios: of the medians, and the median of each round's ratio (both sides of a
     # round run back to back, so a burst of noise from elsewhere moves both).
     print(f"{'measure':22} {'old':>10} {'new':>10} {'new/old':>8} {'rounds':>7}")
     for key in runs["old"]:
-        olds, news = runs["old"][key], runs["new"][key]
-        old, new = statistics.median(olds), statistics.median(news)
-        paired = statistics.median(n / o for n, o in zip(news, olds, strict=True))
+        olds, news = runs["old"][key], runs["new"].get(key, {})
+        both = sorted(olds.keys() & news.keys())
+        if not both:
+            continue
+        old, new = statistics.median(olds.values()), statistics.median(news.values())
+        paired = statistics.median(news[r] / olds[r] for r in both)
         print(f"{key:22} {old:10.0f} {new:10.0f} {new / old:8.3f} {paired:7.3f}")
     if args.result_bytes:
         _print_result_cost(runs, args.result_bytes)
     sys.stdout.flush()
 
 
-def _print_result_cost(runs: dict[str, dict[str, list[float]]], result_bytes: int) -> None:
+def _print_result_cost(runs: dict[str, dict[str, dict[int, float]]], result_bytes: int) -> None:
     """Per checkout, the drain with results over the drain without, at each slot
     count: the median of the rounds' ratios (each pair ran back to back)."""
     print(f"{'cost of results':22} {'old':>10} {'new':>10}")
@@ -244,7 +249,8 @@ def _print_result_cost(runs: dict[str, dict[str, list[float]]], result_bytes: in
         for side in ("old", "new"):
             with_r = runs[side][f"drain c{slots} r{result_bytes}"]
             without = runs[side][f"drain c{slots} none"]
-            ratios.append(statistics.median(w / n for w, n in zip(with_r, without, strict=True)))
+            both = sorted(with_r.keys() & without.keys())
+            ratios.append(statistics.median(with_r[r] / without[r] for r in both))
         print(f"{f'r{result_bytes}/none c{slots}':22} {ratios[0]:10.3f} {ratios[1]:10.3f}")
 
 
