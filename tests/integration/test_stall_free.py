@@ -404,7 +404,7 @@ async def test_a_claim_connection_dropped_mid_statement_ends_the_statement_on_th
             state = await pool.fetchval(
                 "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", pid
             )
-            return state == "PgSleep"
+            return bool(state == "PgSleep")
 
         await until(sleeping, timeout=30, what="the round running on the server")
         claim.drop()
@@ -413,7 +413,7 @@ async def test_a_claim_connection_dropped_mid_statement_ends_the_statement_on_th
 
         async def gone() -> bool:
             n = await pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", pid)
-            return n == 0
+            return bool(n == 0)
 
         await until(gone, timeout=30, what="the dropped round's backend to end")
     finally:
