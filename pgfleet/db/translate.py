@@ -238,29 +238,27 @@ _PAYLOAD = ROUND_COLUMNS.index("payload")
 
 def claimed_count(rows: Sequence[Record]) -> int:
     """How many jobs a ``job_complete_and_claim`` round claimed."""
-    return sum(1 for row in rows if row[_CLAIMED])
+    return round_signals(rows)[0]
 
 
 def flow_pace(rows: Sequence[Record]) -> float | None:
     """The seconds a claim round asks the loop to poll within while rate limits of
     its names hold jobs back (its row without an id), or None."""
-    for row in reversed(rows):
-        if not row[0] and row[2] is None and row[1]:
-            return max(0.01, float(row[10]))
-    return None
+    return round_signals(rows)[1]
 
 
 def flow_active(rows: Sequence[Record]) -> bool:
     """Whether a claim round said flow control is in play for the worker's names
     (its row without an id, held false): the next round must be a full one."""
-    return any(not row[0] and row[2] is None and not row[1] for row in rows)
+    return round_signals(rows)[2]
 
 
 def round_signals(rows: Sequence[Record]) -> tuple[int, float | None, bool]:
     """What the claim loop reads of every round, in one pass over its rows (three
     passes cost a few percent of a no-op drain's client time): how many jobs it
-    claimed (:func:`claimed_count`), the pace rate limits ask for
-    (:func:`flow_pace`) and whether flow control is in play (:func:`flow_active`)."""
+    claimed, the seconds rate limits ask it to poll within (the last pace row's,
+    or None) and whether flow control is in play (a row without an id, held
+    false: the next round must be a full one)."""
     claimed = 0
     pace: float | None = None
     active = False
@@ -268,7 +266,7 @@ def round_signals(rows: Sequence[Record]) -> tuple[int, float | None, bool]:
         if row[0]:
             claimed += 1
         elif row[2] is None:  # a row without an id: flow control speaks
-            if row[1]:  # the pace (the last such row wins, as in flow_pace)
+            if row[1]:  # the pace (the last such row wins)
                 pace = max(0.01, float(row[10]))
             else:
                 active = True
