@@ -250,7 +250,15 @@ class Vacuumer(Chore):
     fallen behind (:data:`AUTOVACUUM_BEHIND` times the threshold); ``"always"``;
     ``"never"``. The check is one read of the table's statistics: it runs on the
     Vacuumer's period and between the Historian's batches, so the table is
-    vacuumed as soon as the threshold is passed, each vacuum with bounded work."""
+    vacuumed as soon as the threshold is passed, each vacuum with bounded work.
+
+    The same check ANALYZEs the table (except with ``"never"``) once its live rows
+    pass twice those its statistics were taken on (and ``min_dead_tuples``): a
+    backlog that builds up on a table analyzed while nearly empty would otherwise be
+    claimed with plans made for the empty table, which walk every queued row per
+    claim (a soak's first minutes stalled on that), until autovacuum's next analyze
+    or the first vacuum. An ANALYZE samples 30,000 rows and replans every cached
+    plan over the table."""
 
     name = "vacuum"
 
@@ -268,6 +276,8 @@ class Vacuumer(Chore):
         self.mode = mode
         self._min_dead = min_dead_tuples
         self.vacuums = 0
+        #: ANALYZEs of a table that outgrew its statistics (vacuums analyze too).
+        self.analyzes = 0
         #: Dead tuples the last vacuum found, as the statistics said.
         self.last_dead_tuples = 0
 
@@ -290,6 +300,8 @@ class Vacuumer(Chore):
         autovacuum = health.autovacuum and self.mode == "auto"
         dead, live = health.dead_tuples, health.live_tuples
         if dead < self.threshold(live, autovacuum=autovacuum):
+            if self.outgrew_statistics(live, health.analyzed_tuples):
+                await self._analyze()
             return False
         try:
             await self._store.jobs_vacuum()
@@ -301,3 +313,18 @@ class Vacuumer(Chore):
         self.last_dead_tuples = dead
         log.debug("vacuumed pgfleet.jobs: %d dead tuples (%d live)", dead, live)
         return True
+
+    def outgrew_statistics(self, live_tuples: int, analyzed_tuples: int) -> bool:
+        """Whether the table holds twice the rows its statistics were taken on (and
+        at least ``min_dead_tuples``, at least one)."""
+        return live_tuples >= max(self._min_dead, 1, 2 * analyzed_tuples)
+
+    async def _analyze(self) -> None:
+        try:
+            await self._store.jobs_analyze()
+        except Exception as exc:
+            log.warning("could not analyze pgfleet.jobs (%s); not trying again", exc)
+            self.mode = "never"
+            return
+        self.analyzes += 1
+        log.debug("analyzed pgfleet.jobs: it outgrew its statistics")

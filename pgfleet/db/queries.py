@@ -183,6 +183,7 @@ class Queries(QueryFile):
     workers_alive: Query
     jobs_table_health: Query
     jobs_vacuum: Query
+    jobs_analyze: Query
     lease_acquire: Query
     lease_release: Query
     cron_now: Query

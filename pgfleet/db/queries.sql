@@ -1054,7 +1054,9 @@ SELECT current_setting('autovacuum')::boolean
            AND COALESCE((SELECT option_value::boolean FROM pg_options_to_table(c.reloptions)
                          WHERE option_name = 'autovacuum_enabled'), true) AS autovacuum,
        COALESCE(s.n_dead_tup, 0) AS dead_tuples,
-       COALESCE(s.n_live_tup, 0) AS live_tuples
+       COALESCE(s.n_live_tup, 0) AS live_tuples,
+       -- the rows the planner's statistics were taken on (last VACUUM or ANALYZE)
+       GREATEST(c.reltuples, 0)::bigint AS analyzed_tuples
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'pgfleet.jobs'::regclass;
 
@@ -1065,6 +1067,11 @@ WHERE c.oid = 'pgfleet.jobs'::regclass;
 -- an ACCESS EXCLUSIVE lock that claims queue behind (a soak caught the leader's
 -- vacuum waiting for it for 10 s at a time), then extends the table again.
 VACUUM (ANALYZE, SKIP_LOCKED, TRUNCATE false) pgfleet.jobs;
+
+-- name: jobs_analyze :exec
+-- New statistics for a claim table that grew past twice the rows they were taken
+-- on: a cached plan made while the table was small is replanned.
+ANALYZE (SKIP_LOCKED) pgfleet.jobs;
 -- ---------------------------------------------------------------- cron
 
 -- name: cron_now :val

@@ -123,6 +123,8 @@ class TableHealth:
     autovacuum: bool
     dead_tuples: int
     live_tuples: int
+    #: Rows when the planner's statistics were taken (the last VACUUM or ANALYZE).
+    analyzed_tuples: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -635,12 +637,19 @@ class Store:
         if row is None:
             return None
         return TableHealth(
-            bool(row["autovacuum"]), int(row["dead_tuples"]), int(row["live_tuples"])
+            bool(row["autovacuum"]),
+            int(row["dead_tuples"]),
+            int(row["live_tuples"]),
+            int(row["analyzed_tuples"]),
         )
 
     async def jobs_vacuum(self) -> None:
         with _VACUUM:
             await self.db.execute(Q.jobs_vacuum.sql)
+
+    async def jobs_analyze(self) -> None:
+        with _VACUUM:
+            await self.db.execute(Q.jobs_analyze.sql)
 
     async def ping(self) -> None:
         """One round trip (the listener's keepalive)."""

@@ -195,6 +195,61 @@ async def test_the_vacuumer_waits_for_its_threshold_of_dead_tuples(
     assert at.vacuumer.last_dead_tuples == dead
 
 
+async def analyze_count(pool: asyncpg.Pool) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT analyze_count FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
+        )
+    )
+
+
+async def test_the_vacuumer_analyzes_a_table_that_outgrew_its_statistics(
+    pool: asyncpg.Pool,
+) -> None:
+    """A backlog on a table analyzed while empty (a fresh install, a truncate) is
+    claimed with plans made for the empty table until new statistics replan them:
+    the Vacuumer analyzes once the live rows pass twice the analyzed ones, without
+    dead tuples to vacuum."""
+    await pool.execute("ANALYZE pgfleet.jobs")
+    assert (
+        await pool.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'pgfleet.jobs'::regclass")
+        <= 0
+    )
+    await Queue(pool).enqueue_many([EnqueueRequest("record", {}) for _ in range(400)])
+
+    async def live_reported() -> bool:
+        live = await pool.fetchval(
+            "SELECT n_live_tup FROM pg_stat_user_tables WHERE relid = 'pgfleet.jobs'::regclass"
+        )
+        return bool(live is not None and live >= 400)
+
+    await until(live_reported, timeout=30, what="400 live tuples in pg_stat_user_tables")
+    never = Worker(
+        pool,
+        runtime_app.registry,
+        WorkerConfig(vacuum="never", vacuum_min_dead_tuples=300, **FAST),
+    )
+    worker = Worker(pool, runtime_app.registry, WorkerConfig(vacuum_min_dead_tuples=300, **FAST))
+    before, vacuums = await analyze_count(pool), await vacuum_count(pool)
+    assert not await never.vacuumer.vacuum_if_needed()
+    assert await analyze_count(pool) == before
+    # No dead tuples: no vacuum, but the statistics are renewed.
+    assert not await worker.vacuumer.vacuum_if_needed()
+    assert worker.vacuumer.analyzes == 1
+    assert await analyze_count(pool) == before + 1
+    assert await vacuum_count(pool) == vacuums
+    assert (
+        await pool.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'pgfleet.jobs'::regclass")
+        == 400
+    )
+    # Statistics taken on 400 rows: the next analyze waits for 800.
+    assert not await worker.vacuumer.vacuum_if_needed()
+    assert worker.vacuumer.analyzes == 1
+    assert worker.vacuumer.outgrew_statistics(800, 400)
+    assert not worker.vacuumer.outgrew_statistics(799, 400)
+    assert not worker.vacuumer.outgrew_statistics(299, 0)  # below vacuum_min_dead_tuples
+
+
 async def test_the_historian_vacuums_between_its_batches(pool: asyncpg.Pool, database: str) -> None:
     """A round of the Historian that moves many batches leaves as many dead tuples:
     the table is vacuumed as they pass the threshold, not after the round (nor on
