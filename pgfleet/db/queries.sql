@@ -788,9 +788,9 @@ FROM (
     ) kt
     WHERE (SELECT g.flow FROM gate g)
       AND l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
-      AND EXISTS (SELECT 1 FROM pgfleet.jobs j
-                  WHERE j.status = 'queued' AND j.limited AND j.name = l.name
-                    AND j.run_at <= now())
+      AND (SELECT true FROM pgfleet.jobs j
+           WHERE j.status = 'queued' AND j.limited AND j.name = l.name
+             AND j.run_at <= now() LIMIT 1)
 ) w
 HAVING count(*) > 0
 UNION ALL
