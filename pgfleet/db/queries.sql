@@ -249,8 +249,8 @@ SELECT count(*) FROM restored;
 -- limit, or before 0009, is not left on the fast path (0012's check).
 UPDATE pgfleet.jobs
 SET status = 'queued', attempt = 0, run_at = now(), started_at = NULL, finished_at = NULL,
-    last_error = NULL, result = NULL, snoozes = NULL, cancel_requested_at = NULL,
-    cancelled_by = NULL,
+    last_error = NULL, result = NULL, result_json = NULL, snoozes = NULL,
+    cancel_requested_at = NULL, cancelled_by = NULL,
     limited = limited OR limit_key IS NOT NULL OR queue_name IS NOT NULL
               OR EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = pgfleet.jobs.name)
 WHERE id = $1 AND status IN ('failed', 'cancelled')
@@ -615,7 +615,7 @@ WITH outcome AS (
                                    AND jsonb_array_length(COALESCE(j.errors, '[]')) >= 10
                               THEN COALESCE(j.errors_omitted, 0) + 1
                               ELSE j.errors_omitted END,
-        result = CASE WHEN o.action = 'succeeded' THEN o.result::jsonb ELSE j.result END,
+        result_json = CASE WHEN o.action = 'succeeded' THEN o.result::json ELSE j.result_json END,
         -- Who cancelled stays only on a job that ended cancelled (a handler that
         -- succeeded before the cancel reached it keeps cancel_requested_at alone).
         cancelled_by = CASE WHEN o.action = 'succeeded' THEN NULL ELSE j.cancelled_by END,

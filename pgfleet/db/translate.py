@@ -142,6 +142,13 @@ def decode_payload(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
+def _stored_result(r: Record) -> Any:
+    """A job's result: json (0013) when set, else the jsonb column of 0008, which
+    holds what workers of an earlier version wrote."""
+    value = r.get("result_json")
+    return r["result"] if value is None else value
+
+
 def job_from_record(r: Record) -> Job:
     """A job as a full row of ``pgfleet.jobs`` (``SELECT *``, ``RETURNING *``) holds it."""
     return Job(
@@ -162,7 +169,7 @@ def job_from_record(r: Record) -> Job:
         worker_id=r["locked_by"],
         lock_token=r["lock_token"],
         trace_context=_json_text(r["trace_context"]),
-        result=decode_payload(r["result"]),
+        result=decode_payload(_stored_result(r)),
         errors=attempt_errors(r["errors"]),
         errors_omitted=r["errors_omitted"] or 0,
         snoozes=r["snoozes"] or 0,

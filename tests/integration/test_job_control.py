@@ -121,6 +121,27 @@ async def test_a_handlers_return_value_round_trips_through_wait(pool: asyncpg.Po
     assert stored is not None and stored.result == first.result
 
 
+async def test_a_result_is_stored_as_json_and_one_written_before_0013_still_reads(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    async with running_worker(pool, result_registry(), QUICK):
+        job_id = await queue.enqueue("report", {"n": 2})
+        await queue.wait(job_id, timeout=30)
+    row = await pool.fetchrow(
+        "SELECT result, result_json::text AS stored FROM pgfleet.jobs WHERE id = $1", job_id
+    )
+    assert row is not None and row["result"] is None
+    assert row["stored"] == '{"rows":2,"title":"ok"}'
+    # A worker of the previous version wrote the jsonb column.
+    await pool.execute(
+        """UPDATE pgfleet.jobs SET result = '{"old": true}', result_json = NULL WHERE id = $1""",
+        job_id,
+    )
+    job = await queue.get(job_id)
+    assert job is not None and job.result == {"old": True}
+
+
 async def test_an_oversized_or_unencodable_result_fails_the_job_for_good_saying_why(
     pool: asyncpg.Pool,
 ) -> None:
