@@ -624,7 +624,8 @@ WITH outcome AS (
         locked_by = NULL,
         lock_token = NULL
     FROM outcome o
-    WHERE j.id = o.id AND j.lock_token = o.token
+    -- ANY: a plan made on empty statistics reads only these rows, not all
+    WHERE j.id = ANY ($1::uuid[]) AND j.id = o.id AND j.lock_token = o.token
       -- Not deleted by gone (a hashed lookup, built only for a round with removals;
       -- reading gone also runs it first, so the two never touch the same row).
       AND (NOT o.remove OR o.id NOT IN (SELECT g.id FROM gone g))

@@ -418,3 +418,53 @@ async def test_a_claim_connection_dropped_mid_statement_ends_the_statement_on_th
         await until(gone, timeout=30, what="the dropped round's backend to end")
     finally:
         await close_pool(pool, timeout=2.0)
+
+
+def _scans_of_jobs(node: dict[str, Any]) -> list[dict[str, Any]]:
+    scan = node["Node Type"].endswith("Scan")
+    found = [node] if scan and node.get("Relation Name") == "jobs" else []
+    for child in node.get("Plans", []):
+        found += _scans_of_jobs(child)
+    return found
+
+
+@pytest.mark.parametrize("statement", ["job_complete_and_claim", "job_complete_and_claim_lean"])
+async def test_the_claim_sessions_plan_made_on_an_empty_table_reads_outcomes_by_id(
+    pool: asyncpg.Pool, statement: str
+) -> None:
+    """The claim session plans its statement once (generic) on the statistics of
+    the moment. On a table vacuumed while empty they say no row, and the
+    completion's join of outcomes to jobs came out as a scan of the whole primary
+    key per round, with a filter: a soak's backlog built on a just-truncated table
+    made one round take 14.6 s. The outcome ids are an index condition whatever
+    the statistics say."""
+    from pgfleet.db.queries import Q
+
+    sql = getattr(Q, statement).sql
+    async with pool.acquire() as conn:
+        await conn.execute("TRUNCATE pgfleet.jobs CASCADE")
+        await conn.execute("VACUUM ANALYZE pgfleet.jobs")
+        assert (
+            await conn.fetchval(
+                "SELECT reltuples FROM pg_class WHERE oid = 'pgfleet.jobs'::regclass"
+            )
+            == 0
+        )
+        await conn.execute(Q.claim_session_begin.sql)
+        try:
+            params = (await conn.prepare(sql)).get_parameters()
+            types = [await conn.fetchval("SELECT format_type($1, NULL)", t.oid) for t in params]
+            await conn.execute(
+                f"PREPARE empty_plan ({', '.join(types)}) AS {sql.rstrip().rstrip(';')}"
+            )
+            nulls = ", ".join("NULL" for _ in params)
+            plan = json.loads(
+                await conn.fetchval(f"EXPLAIN (FORMAT JSON) EXECUTE empty_plan ({nulls})")
+            )
+            await conn.execute("DEALLOCATE empty_plan")
+        finally:
+            await conn.execute(Q.claim_session_end.sql)
+    done = [p for p in plan[0]["Plan"]["Plans"] if p.get("Subplan Name") == "CTE done"]
+    assert len(done) == 1
+    scans = _scans_of_jobs(done[0])
+    assert scans and all("Index Cond" in s for s in scans), scans
