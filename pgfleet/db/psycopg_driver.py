@@ -23,6 +23,7 @@ import psycopg
 import psycopg.errors
 from psycopg.pq import TransactionStatus
 from psycopg.rows import dict_row
+from psycopg.types.string import TextLoader
 
 from pgfleet.db.migrate import (
     _APPLIED,
@@ -115,6 +116,15 @@ def _own_transaction(conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any
     return conn.autocommit or conn.info.transaction_status != TransactionStatus.IDLE
 
 
+def _json_as_text(cur: psycopg.RawCursor[Any] | psycopg.AsyncRawCursor[Any]) -> None:
+    """json and jsonb values arrive as their text, as asyncpg reads them, and the
+    translation parses them once: psycopg's own loader would hand a JSON string
+    (a handler's result ``"done"``) over as ``done``, which is not JSON. On the
+    cursor only: the application's own queries keep the connection's loaders."""
+    cur.adapters.register_loader("json", TextLoader)
+    cur.adapters.register_loader("jsonb", TextLoader)
+
+
 def _answer(cur: Any, shape: str) -> Any:
     if shape == ":many":
         return cur.fetchall()
@@ -151,6 +161,7 @@ def run_statement(
             if shape == ":one"
             else psycopg.RawCursor(conn)
         )
+        _json_as_text(cur)
         with cur:
             cur.execute(statement.query.sql, statement.args)
             return _answer(cur, shape)
@@ -213,6 +224,7 @@ async def arun_statement(
             if shape == ":one"
             else psycopg.AsyncRawCursor(conn)
         )
+        _json_as_text(cur)
         async with cur:
             await cur.execute(statement.query.sql, statement.args)
             return await _aanswer(cur, shape)

@@ -37,6 +37,7 @@ from pgfleet.contrib import psycopg as pg3
 from tests.helpers import listening, notifications_before_marker
 from tests.integration.conftest import FAST, Recorder, running_worker
 from tests.producers import EVERY, PRODUCERS, REFERENCE, Kind
+from tools.devkit import until
 
 
 def _requests(tag: str) -> list[list[EnqueueRequest]]:
@@ -350,3 +351,37 @@ async def test_a_batch_on_a_connection_that_has_not_begun_joins_its_implicit_tra
         await pg3.AsyncProducer().enqueue_many(aconn, batch[:1])
         await aconn.rollback()
     assert (await Queue(pool).counts())[JobStatus.QUEUED] == 2
+
+
+async def test_the_producers_read_every_kind_of_result_as_queue_does(
+    pool: asyncpg.Pool, database: str
+) -> None:
+    """A result is any JSON value: a string, a number, a list, an object, null.
+    psycopg parses json by itself and handed a JSON string over as bare text
+    (``done``), which then failed to parse; the producers read what Queue reads."""
+    registry = Registry()
+
+    @registry.job("answer")
+    async def answer(job: Job, payload: dict[str, Any]) -> Any:
+        return payload["value"]
+
+    values: list[Any] = ["done", "", '"quoted"', 12, 1.5, [1, "a"], {"k": [None]}, None, True]
+    queue = Queue(pool)
+    ids = [await queue.enqueue("answer", {"value": v}) for v in values]
+
+    async def finished() -> bool:
+        jobs = [await queue.get(i) for i in ids]
+        return all(j is not None and j.status is JobStatus.SUCCEEDED for j in jobs)
+
+    async with running_worker(pool, registry, WorkerConfig(**FAST)):
+        await until(finished, timeout=30, what="every answer job to succeed")
+    expected = [await queue.get(i) for i in ids]
+    assert [j.result for j in expected if j is not None] == values
+    async with await psycopg.AsyncConnection.connect(database, autocommit=True) as aconn:
+        assert [await pg3.AsyncProducer().get(aconn, i) for i in ids] == expected
+
+    def sync() -> list[Job | None]:
+        with psycopg.connect(database, autocommit=True) as conn:
+            return [pg3.Producer().get(conn, i) for i in ids]
+
+    assert await asyncio.to_thread(sync) == expected
