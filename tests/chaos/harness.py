@@ -385,8 +385,11 @@ class Run:
         return [EnqueueRequest("work", {"ms": self.prof.job_ms}, options) for _ in range(n)]
 
     async def counts(self) -> dict[str, int] | None:
+        """Jobs by status, history included: the leader moves finished jobs to
+        pgfleet.jobs_history after ``history_move_after`` (60 s), so a drain longer
+        than that would see its finished count fall and call the fleet stalled."""
         rows = await self.monitor.fetch(
-            "SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs GROUP BY 1"
+            "SELECT status::text AS status, count(*) AS n FROM pgfleet.jobs_all GROUP BY 1"
         )
         return None if rows is None else {r["status"]: int(r["n"]) for r in rows}
 

@@ -209,12 +209,12 @@ async def _drain(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Row:
         alive = harness.alive_count(live)
         codes = await harness.stop_workers(run, live)
         lost_rows = await run.monitor.fetch(
-            "SELECT id, status::text AS status, attempt, last_error FROM pgfleet.jobs "
+            "SELECT id, status::text AS status, attempt, last_error FROM pgfleet.jobs_all "
             "WHERE status <> 'succeeded' ORDER BY id LIMIT 5"
         )
         tally = await run.monitor.fetch(
             "SELECT count(*) FILTER (WHERE status = 'succeeded' AND id = ANY($1)) AS drained, "
-            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs",
+            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs_all",
             enqueued,
         )
         executions = run.executions()
@@ -378,7 +378,7 @@ async def _limited(scn: Scenario, cluster: PrivateCluster, tmp_path: Path) -> Ro
         codes = await harness.stop_workers(run, live)
         tally = await run.monitor.fetch(
             "SELECT count(*) FILTER (WHERE status = 'succeeded' AND id = ANY($1)) AS drained, "
-            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs",
+            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs_all",
             enqueued,
         )
         executions = run.executions()
@@ -447,7 +447,7 @@ async def _poison(cluster: PrivateCluster, tmp_path: Path) -> Row:
         alive = harness.alive_count(run.workers)
         codes = await harness.stop_workers(run, run.workers)
         rows = await run.monitor.fetch(
-            "SELECT name, status::text AS status, attempt, last_error FROM pgfleet.jobs "
+            "SELECT name, status::text AS status, attempt, last_error FROM pgfleet.jobs_all "
             "WHERE name = 'poison' OR status <> 'succeeded'"
         )
         counts = await run.counts() or {}
@@ -525,14 +525,14 @@ async def _stuck(cluster: PrivateCluster, tmp_path: Path) -> Row:
 
         async def stuck_failed() -> bool:
             got = await run.monitor.fetch(
-                "SELECT status::text AS s FROM pgfleet.jobs WHERE id = $1", stuck_id
+                "SELECT status::text AS s FROM pgfleet.jobs_all WHERE id = $1", stuck_id
             )
             return got is not None and len(got) > 0 and got[0]["s"] == "failed"
 
         drain = await harness.drain_under_fault(run, len(ids), None, 0)
         buried = await stuck_failed()
         stuck_row = await run.monitor.fetch(
-            "SELECT status::text AS status, attempt, last_error FROM pgfleet.jobs WHERE id = $1",
+            "SELECT status::text AS status, attempt, last_error FROM pgfleet.jobs_all WHERE id = $1",
             stuck_id,
         )
         counts = await run.counts() or {}
@@ -670,7 +670,7 @@ async def _workflow(cluster: PrivateCluster, tmp_path: Path) -> Row:
         codes = await harness.stop_workers(run, live)
         tally = await run.monitor.fetch(
             "SELECT count(*) FILTER (WHERE status = 'succeeded') AS done, "
-            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs"
+            "count(*) FILTER (WHERE status <> 'succeeded') AS lost FROM pgfleet.jobs_all"
         )
         starts = run.executions()
         ends: dict[str, float] = {}
@@ -749,10 +749,10 @@ async def _batch_restart(cluster: PrivateCluster, tmp_path: Path) -> Row:
         codes = await harness.stop_workers(run, live)
         tally = await run.monitor.fetch(
             "SELECT count(*) AS rows, "
-            "count(*) FILTER (WHERE status = 'succeeded') AS done FROM pgfleet.jobs"
+            "count(*) FILTER (WHERE status = 'succeeded') AS done FROM pgfleet.jobs_all"
         )
         outcome = await run.monitor.fetch(
-            "SELECT payload->'batch' AS batch FROM pgfleet.jobs WHERE id = $1", batch_id
+            "SELECT payload->'batch' AS batch FROM pgfleet.jobs_all WHERE id = $1", batch_id
         )
         starts = run.executions()
         ends: dict[str, float] = {}
