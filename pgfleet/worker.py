@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from pgfleet import context
+from pgfleet._runtime import gc_tuning
 from pgfleet._runtime.cancelling import CancelWatcher
 from pgfleet._runtime.claimer import ClaimLoop
 from pgfleet._runtime.execution import JobRunner
@@ -332,9 +333,13 @@ class Worker:
         self._claims.burst = burst
         stop = asyncio.ensure_future(shutdown) if shutdown is not None else None
         claim: asyncio.Task[None] | None = None
+        tuned = False
         try:
             if not await self._start(stop):
                 return self.stats
+            if self.config.gc_tuning:
+                gc_tuning.acquire()
+                tuned = True
             claim = asyncio.get_running_loop().create_task(self._claims.run(), name="pgfleet-claim")
             waiters: list[asyncio.Future[Any]] = [claim]
             if stop is not None:
@@ -356,7 +361,11 @@ class Worker:
         finally:
             if stop is not None and not stop.done():
                 stop.cancel()
-            await self._stop_services()
+            try:
+                await self._stop_services()
+            finally:
+                if tuned:
+                    gc_tuning.release()
         self.stats.rescued = self._rescuer.rescued
         return self.stats
 
