@@ -1,0 +1,121 @@
+-- pgfleet 0014: the workflow triggers of 0007 leave the completion's path. No
+-- AFTER UPDATE row trigger is left on pgfleet.jobs, and deleting a job outside a
+-- workflow runs no query on pgfleet.job_dependencies.
+--
+-- Why: any AFTER UPDATE row trigger on a table makes Postgres fetch the old
+-- version of every row each UPDATE writes, before its WHEN is tested (PostgreSQL
+-- 15: ExecARUpdateTriggers, GetTupleForTrigger). pgfleet.jobs had two: 0007's
+-- jobs_finished_parent and the foreign key of job_dependencies.child_id (Postgres
+-- puts the key's triggers on the referenced table, for UPDATE and DELETE), so every
+-- claim and every completion paid a tuple fetch per job, though almost no job is
+-- in a workflow. And the key's ON DELETE CASCADE ran a DELETE on
+-- job_dependencies for every job deleted: each one the leader moves to history,
+-- each one a completion removes (remove_succeeded_jobs), each one pruned.
+--
+-- What replaces them, with the same rules as 0007's (its header still describes
+-- the settling: two steps, the deferred trigger on the edges unchanged):
+--
+-- - The cascade: a row trigger AFTER DELETE that fires only for a job with
+--   parents (waiting_on is set when such a job is inserted and never cleared; no
+--   other job has it) and deletes its edges; TRUNCATE of pgfleet.jobs truncates
+--   job_dependencies (the key made a bare TRUNCATE fail and CASCADE take both).
+--   Nothing checks an edge's child any more: only job_dependencies_link writes
+--   edges, for the children it has just inserted.
+-- - The finished parent: a statement trigger AFTER UPDATE OF status (a statement
+--   trigger without transition tables reads no row), which finds the parents
+--   finished and not yet settled through the partial index below, marks each
+--   settled and records its outcome on its edges (pgfleet.job_settle_edges, as
+--   the row trigger did). A statement that finished no parent probes an empty
+--   index. has_children now has three values: NULL, no children; true, children
+--   whose edges its finish has not settled yet; false, children, and its finish
+--   (or link to a finished parent, which job_settle_new settles) recorded. A
+--   retried parent stays false, as its edges count its first outcome only; one
+--   given new children while not finished is true again. The marker's UPDATE
+--   sets no status, so it fires nothing.
+--
+-- What it locks, on a table full of jobs: the finished parents still in
+-- pgfleet.jobs are marked settled (an UPDATE of those rows, through the finished
+-- jobs' index, under row locks); the index is built under a SHARE lock (a scan
+-- of the table, while enqueues, claims and completions wait, as for 0009's
+-- index); dropping the key and the trigger takes the ACCESS EXCLUSIVE lock of
+-- pgfleet.jobs and job_dependencies for a moment. No rewrite. Edges not yet
+-- settled (their parent not finished) keep working: their parent is still true
+-- and the new trigger settles it when it finishes. Workers and producers of the
+-- previous version keep working: they finish jobs with the same statements, and
+-- the link of a finished parent they mark true is settled by the next statement
+-- trigger (their job_settle_new then finds the edges recorded, and applies them).
+
+UPDATE pgfleet.jobs SET has_children = false
+WHERE has_children AND status IN ('succeeded', 'failed', 'cancelled');
+
+-- The parents finished and not yet settled: empty but for the moment between a
+-- statement that finishes parents and its trigger. Never read by a claim.
+CREATE INDEX jobs_parents_unsettled ON pgfleet.jobs (id)
+    WHERE has_children AND status IN ('succeeded', 'failed', 'cancelled');
+
+ALTER TABLE pgfleet.job_dependencies DROP CONSTRAINT job_dependencies_child_id_fkey;
+DROP TRIGGER jobs_finished_parent ON pgfleet.jobs;
+DROP FUNCTION pgfleet.job_finished_trigger();
+
+-- Every parent this transaction sees finished and unsettled: its own (rows
+-- another transaction finished are settled before it commits); one locked by
+-- another transaction is that one's to settle (SKIP LOCKED: no waiting here).
+-- The marker's UPDATE fires this trigger again, which finds none left.
+CREATE FUNCTION pgfleet.jobs_finished_parents() RETURNS trigger
+LANGUAGE plpgsql
+AS $trigger$
+DECLARE
+    p record;
+BEGIN
+    PERFORM 1 FROM pgfleet.jobs u
+    WHERE u.has_children AND u.status IN ('succeeded', 'failed', 'cancelled')
+    LIMIT 1 FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    FOR p IN
+        UPDATE pgfleet.jobs j SET has_children = false
+        WHERE j.id IN (SELECT u.id FROM pgfleet.jobs u
+                       WHERE u.has_children
+                         AND u.status IN ('succeeded', 'failed', 'cancelled')
+                       FOR UPDATE SKIP LOCKED)
+        RETURNING j.id, j.status
+    LOOP
+        PERFORM pgfleet.job_settle_edges(p.id, p.status, NULL);
+    END LOOP;
+    RETURN NULL;
+END
+$trigger$;
+
+CREATE TRIGGER jobs_finished_parents
+    AFTER UPDATE ON pgfleet.jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION pgfleet.jobs_finished_parents();
+
+CREATE FUNCTION pgfleet.jobs_child_deleted() RETURNS trigger
+LANGUAGE plpgsql
+AS $trigger$
+BEGIN
+    DELETE FROM pgfleet.job_dependencies d WHERE d.child_id = OLD.id;
+    RETURN NULL;
+END
+$trigger$;
+
+CREATE TRIGGER jobs_child_deleted
+    AFTER DELETE ON pgfleet.jobs
+    FOR EACH ROW WHEN (OLD.waiting_on IS NOT NULL)
+    EXECUTE FUNCTION pgfleet.jobs_child_deleted();
+
+CREATE FUNCTION pgfleet.jobs_truncated() RETURNS trigger
+LANGUAGE plpgsql
+AS $trigger$
+BEGIN
+    TRUNCATE pgfleet.job_dependencies;
+    RETURN NULL;
+END
+$trigger$;
+
+CREATE TRIGGER jobs_truncated
+    AFTER TRUNCATE ON pgfleet.jobs
+    FOR EACH STATEMENT
+    EXECUTE FUNCTION pgfleet.jobs_truncated();
