@@ -17,7 +17,7 @@
 --
 -- - The cascade: a row trigger AFTER DELETE that fires only for a job with
 --   parents (waiting_on is set when such a job is inserted and never cleared; no
---   other job has it) and deletes its edges; TRUNCATE of pgfleet.jobs truncates
+--   other job has it) and deletes its edges; TRUNCATE of pgfleet.jobs empties
 --   job_dependencies (the key made a bare TRUNCATE fail and CASCADE take both).
 --   Nothing checks an edge's child any more: only job_dependencies_link writes
 --   edges, for the children it has just inserted.
@@ -106,11 +106,13 @@ CREATE TRIGGER jobs_child_deleted
     FOR EACH ROW WHEN (OLD.waiting_on IS NOT NULL)
     EXECUTE FUNCTION pgfleet.jobs_child_deleted();
 
+-- A DELETE, not a TRUNCATE: a TRUNCATE that names both tables is using the edges'
+-- table when this runs, and may not truncate it again.
 CREATE FUNCTION pgfleet.jobs_truncated() RETURNS trigger
 LANGUAGE plpgsql
 AS $trigger$
 BEGIN
-    TRUNCATE pgfleet.job_dependencies;
+    DELETE FROM pgfleet.job_dependencies;
     RETURN NULL;
 END
 $trigger$;
