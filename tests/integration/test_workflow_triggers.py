@@ -29,7 +29,9 @@ ROW, BEFORE, INSERT, DELETE, UPDATE, INSTEAD = 1, 2, 4, 8, 16, 64
 
 async def edges_of(pool: asyncpg.Pool, child: uuid.UUID) -> int:
     return int(
-        await pool.fetchval("SELECT count(*) FROM pgfleet.job_dependencies WHERE child_id = $1", child)
+        await pool.fetchval(
+            "SELECT count(*) FROM pgfleet.job_dependencies WHERE child_id = $1", child
+        )
     )
 
 
@@ -227,7 +229,9 @@ async def test_migration_on_a_populated_table_keeps_unsettled_edges_working(
         await pool.execute(
             "UPDATE pgfleet.jobs SET status = 'failed', finished_at = now() WHERE id = $1", p2
         )
-        row = await pool.fetchrow("SELECT status::text, waiting_on FROM pgfleet.jobs WHERE id = $1", c1)
+        row = await pool.fetchrow(
+            "SELECT status::text, waiting_on FROM pgfleet.jobs WHERE id = $1", c1
+        )
         assert row is not None and (row["status"], row["waiting_on"]) == ("waiting", 1)
 
         assert await migrate(pool) == [TRIGGERS_VERSION]
