@@ -60,12 +60,12 @@ DROP FUNCTION pgfleet.job_finished_trigger();
 -- Every parent this transaction sees finished and unsettled: its own (rows
 -- another transaction finished are settled before it commits); one locked by
 -- another transaction is that one's to settle (SKIP LOCKED: no waiting here).
--- The marker's UPDATE fires this trigger again, which finds none left.
+-- Marked settled, and its outcome recorded on its unsettled edges, as pending:
+-- pgfleet.job_settle_edges for all of them in one statement. The marker's UPDATE
+-- fires this trigger again, which finds none left.
 CREATE FUNCTION pgfleet.jobs_finished_parents() RETURNS trigger
 LANGUAGE plpgsql
 AS $trigger$
-DECLARE
-    p record;
 BEGIN
     PERFORM 1 FROM pgfleet.jobs u
     WHERE u.has_children AND u.status IN ('succeeded', 'failed', 'cancelled')
@@ -73,16 +73,17 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
-    FOR p IN
+    WITH settled AS (
         UPDATE pgfleet.jobs j SET has_children = false
         WHERE j.id IN (SELECT u.id FROM pgfleet.jobs u
                        WHERE u.has_children
                          AND u.status IN ('succeeded', 'failed', 'cancelled')
                        FOR UPDATE SKIP LOCKED)
         RETURNING j.id, j.status
-    LOOP
-        PERFORM pgfleet.job_settle_edges(p.id, p.status, NULL);
-    END LOOP;
+    )
+    UPDATE pgfleet.job_dependencies d SET outcome = s.status, pending = true
+    FROM settled s
+    WHERE d.parent_id = s.id AND d.outcome IS NULL;
     RETURN NULL;
 END
 $trigger$;
