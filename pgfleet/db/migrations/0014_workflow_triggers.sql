@@ -50,8 +50,15 @@ WHERE has_children AND status IN ('succeeded', 'failed', 'cancelled');
 
 -- The parents finished and not yet settled: empty but for the moment between a
 -- statement that finishes parents and its trigger. Never read by a claim.
+-- Finished is written as the range of job_status from 'succeeded' to 'cancelled'
+-- (the order of the type: queued, running, succeeded, failed, cancelled, waiting),
+-- not as IN (...): Postgres cannot prove jobs_finished's predicate from a range,
+-- so the trigger's queries can only read this index. Written as IN, they were
+-- planned once per session on an empty table and could read jobs_finished, every
+-- finished job of the last minute, in every statement: a drain of parent-child
+-- pairs read 600,000 index entries for 20,000 jobs.
 CREATE INDEX jobs_parents_unsettled ON pgfleet.jobs (id)
-    WHERE has_children AND status IN ('succeeded', 'failed', 'cancelled');
+    WHERE has_children AND status >= 'succeeded' AND status <= 'cancelled';
 
 ALTER TABLE pgfleet.job_dependencies DROP CONSTRAINT job_dependencies_child_id_fkey;
 DROP TRIGGER jobs_finished_parent ON pgfleet.jobs;
@@ -68,7 +75,7 @@ LANGUAGE plpgsql
 AS $trigger$
 BEGIN
     PERFORM 1 FROM pgfleet.jobs u
-    WHERE u.has_children AND u.status IN ('succeeded', 'failed', 'cancelled')
+    WHERE u.has_children AND u.status >= 'succeeded' AND u.status <= 'cancelled'
     LIMIT 1 FOR UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
@@ -77,7 +84,7 @@ BEGIN
         UPDATE pgfleet.jobs j SET has_children = false
         WHERE j.id IN (SELECT u.id FROM pgfleet.jobs u
                        WHERE u.has_children
-                         AND u.status IN ('succeeded', 'failed', 'cancelled')
+                         AND u.status >= 'succeeded' AND u.status <= 'cancelled'
                        FOR UPDATE SKIP LOCKED)
         RETURNING j.id, j.status
     )
