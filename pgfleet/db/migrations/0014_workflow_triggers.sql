@@ -21,17 +21,22 @@
 --   job_dependencies (the key made a bare TRUNCATE fail and CASCADE take both).
 --   Nothing checks an edge's child any more: only job_dependencies_link writes
 --   edges, for the children it has just inserted.
--- - The finished parent: a statement trigger AFTER UPDATE OF status (a statement
---   trigger without transition tables reads no row), which finds the parents
---   finished and not yet settled through the partial index below, marks each
---   settled and records its outcome on its edges (pgfleet.job_settle_edges, as
---   the row trigger did). A statement that finished no parent probes an empty
+-- - The finished parent: a statement trigger AFTER UPDATE (a statement trigger
+--   without transition tables reads no row), which finds the parents finished
+--   and not yet settled through the partial index below, marks each settled and
+--   records its outcome on its edges (what pgfleet.job_settle_edges did for each
+--   from the row trigger, in one statement). A statement that finished no parent probes an empty
 --   index. has_children now has three values: NULL, no children; true, children
 --   whose edges its finish has not settled yet; false, children, and its finish
 --   (or link to a finished parent, which job_settle_new settles) recorded. A
 --   retried parent stays false, as its edges count its first outcome only; one
---   given new children while not finished is true again. The marker's UPDATE
---   sets no status, so it fires nothing.
+--   given new children while not finished is true again. The trigger fires on
+--   every UPDATE, not UPDATE OF status: Postgres queues one AFTER STATEMENT event
+--   per table and statement, the last UPDATE's (the claim statement updates
+--   pgfleet.jobs several times), before testing the column list, so an UPDATE OF
+--   trigger is lost when the statement's last UPDATE of the table sets no status.
+--   It costs a parent one more write of its row (the marker), and a statement that
+--   finished none one probe of the empty index (about 4 us: once per claim round).
 --
 -- What it locks, on a table full of jobs: the finished parents still in
 -- pgfleet.jobs are marked settled (an UPDATE of those rows, through the finished
@@ -42,8 +47,8 @@
 -- settled (their parent not finished) keep working: their parent is still true
 -- and the new trigger settles it when it finishes. Workers and producers of the
 -- previous version keep working: they finish jobs with the same statements, and
--- the link of a finished parent they mark true is settled by the next statement
--- trigger (their job_settle_new then finds the edges recorded, and applies them).
+-- a finished parent their link marks true is settled by that statement's trigger
+-- (their job_settle_new then finds the edges recorded, and applies them).
 
 UPDATE pgfleet.jobs SET has_children = false
 WHERE has_children AND status IN ('succeeded', 'failed', 'cancelled');
