@@ -288,13 +288,14 @@ SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 
 -- name: jobs_history_move :val
 -- One batch of jobs finished more than $1 seconds ago moved to history, in one
--- statement (readers see each job in exactly one table). Jobs with parents stay:
--- their dependency edges reference them.
+-- statement (readers see each job in exactly one table). Jobs with parents
+-- (waiting_on is set) stay: deleting one deletes its edges (0014's trigger), which
+-- its parents' and its batch's readers still need.
 WITH doomed AS (
     SELECT id FROM pgfleet.jobs j
     WHERE status IN ('succeeded', 'failed', 'cancelled')
       AND finished_at < now() - make_interval(secs => $1::float8)
-      AND NOT EXISTS (SELECT 1 FROM pgfleet.job_dependencies d WHERE d.child_id = j.id)
+      AND waiting_on IS NULL
     ORDER BY finished_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
@@ -580,7 +581,7 @@ WITH outcome AS (
     USING unnest($1::uuid[], $2::uuid[], $3::text[], $13::text[]) AS o(id, token, action, result)
     WHERE 'remove' = ANY ($3::text[])
       AND o.action = 'remove' AND j.id = o.id AND j.lock_token = o.token
-      AND j.awaited IS NOT TRUE AND j.has_children IS NOT TRUE AND j.waiting_on IS NULL
+      AND j.awaited IS NOT TRUE AND j.has_children IS NULL AND j.waiting_on IS NULL
       AND j.cancel_requested_at IS NULL AND o.result IS NULL
     RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited) AS frees, false AS told
 ), done AS (
@@ -1165,17 +1166,20 @@ FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $
 
 -- name: job_dependencies_link :many
 -- Records the edges (child $1, parent $2, run anyway $3, batch $4) and marks each
--- parent as having children. Marking a parent locks its row until this transaction
--- ends, so a parent finishing meanwhile either finished before (its status is
--- returned here, and job_settle_new settles it) or waits, and its trigger then sees
--- these edges. A parent in history (finished) is read there, after the update
--- (pgfleet.job_status_now: a snapshot of its own, so one that moved while the update
--- waited is found). Returns each distinct parent with its status; NULL: no such job.
+-- parent as having children (true; false, settled, for one already finished).
+-- Marking a parent locks its row until this transaction ends, so a parent
+-- finishing meanwhile either finished before (its status is returned here, and
+-- job_settle_new settles it) or waits, and its trigger then sees these edges. A
+-- parent in history (finished) is read there, after the update
+-- (pgfleet.job_status_now: a snapshot of its own, so one that moved while the
+-- update waited is found). Returns each distinct parent with its status; NULL: no
+-- such job.
 WITH edge AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::boolean[], $4::boolean[])
         AS e(child_id, parent_id, run_anyway, batch)
 ), parent AS (
-    UPDATE pgfleet.jobs p SET has_children = true
+    UPDATE pgfleet.jobs p
+    SET has_children = p.status NOT IN ('succeeded', 'failed', 'cancelled')
     WHERE p.id IN (SELECT e.parent_id FROM edge e)
     RETURNING p.id, p.status
 ), linked AS (

@@ -41,6 +41,7 @@ EXPECTED_INDEXES = {
     "jobs_free",
     "jobs_flow_queued",
     "jobs_limited_running",
+    "jobs_parents_unsettled",  # 0014: finished parents until their statement's trigger
 }
 
 
