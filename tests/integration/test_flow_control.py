@@ -616,7 +616,9 @@ async def test_a_per_key_rate_holds_for_each_key_in_every_window_and_over_the_ru
 # ---------------------------------------------------------------- claim_flow's cheaper paths (0015)
 
 
-async def _claim_flow(conn: Any, name: str, n: int = 10, done: list[uuid.UUID] | None = None) -> Any:
+async def _claim_flow(
+    conn: Any, name: str, n: int = 10, done: list[uuid.UUID] | None = None
+) -> Any:
     return await conn.fetch(
         "SELECT id FROM pgfleet.claim_flow(gen_random_uuid(), ARRAY[$1::text], NULL, $2, $2,"
         " $3::uuid[])",
@@ -651,7 +653,7 @@ async def test_a_keys_head_that_cannot_start_leaves_the_keys_next_job(pool: asyn
     queue's job whose queue is busy) the key's next job that can is claimed, as
     before, and the head stays queued."""
     queue = Queue(pool)
-    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     not_due = await queue.enqueue(
         "kx", {}, options=EnqueueOptions(limit_key="a", priority=-1, run_at=later)
     )

@@ -67,8 +67,9 @@ def _ratios(result: dict[str, float]) -> dict[str, float]:
         for variant in ("limit1000", "keys1000"):
             key = f"{variant} c{slots}"
             out[f"{key} / unlimited"] = result[key] / result[base]
-            if f"{key} pg cpu" in result and f"{base} pg cpu" in result:
-                out[f"{key} / unlimited pg cpu"] = result[f"{base} pg cpu"] / result[f"{key} pg cpu"]
+            pg, pg_base = result.get(f"{key} pg cpu"), result.get(f"{base} pg cpu")
+            if pg and pg_base:
+                out[f"{key} / unlimited pg cpu"] = pg_base / pg
     return out
 
 
