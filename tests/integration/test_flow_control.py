@@ -611,3 +611,85 @@ async def test_a_per_key_rate_holds_for_each_key_in_every_window_and_over_the_ru
     for row in rows:
         assert row["busiest"] == 10, row
         assert 9 <= 10 / row["mean_wait"] <= 11, row
+
+
+# ---------------------------------------------------------------- claim_flow's cheaper paths (0015)
+
+
+async def _claim_flow(
+    conn: Any, name: str, n: int = 10, done: list[uuid.UUID] | None = None
+) -> Any:
+    return await conn.fetch(
+        "SELECT id FROM pgfleet.claim_flow(gen_random_uuid(), ARRAY[$1::text], NULL, $2, $2,"
+        " $3::uuid[])",
+        name,
+        n,
+        done or [],
+    )
+
+
+async def test_a_named_queue_freed_in_a_round_goes_to_a_later_claim(pool: asyncpg.Pool) -> None:
+    """The round that writes a named queue's outcome leaves the queue to a later
+    claim (0009), also now that the freed queues are looked up only when a named
+    queue has a queued job; and the next claim hands it over."""
+    queue = Queue(pool)
+    first = await queue.enqueue("qf", {}, options=EnqueueOptions(queue_name="tenant:9"))
+    second = await queue.enqueue("qf", {}, options=EnqueueOptions(queue_name="tenant:9"))
+    assert [r["id"] for r in await _claim_flow(pool, "qf")] == [first]
+    async with pool.acquire() as conn, conn.transaction():
+        # The claim statement's completion, then its claim, in one transaction.
+        await conn.execute(
+            "UPDATE pgfleet.jobs SET status = 'succeeded', finished_at = now(), locked_by = NULL,"
+            " lock_token = NULL WHERE id = $1",
+            first,
+        )
+        assert await _claim_flow(conn, "qf", done=[first]) == []
+    assert [r["id"] for r in await _claim_flow(pool, "qf")] == [second]
+
+
+async def test_a_keys_head_that_cannot_start_leaves_the_keys_next_job(pool: asyncpg.Pool) -> None:
+    """A key's first job in claim order is claimed through the descent that found
+    the key; when it cannot start (not due, locked by another transaction, a named
+    queue's job whose queue is busy) the key's next job that can is claimed, as
+    before, and the head stays queued."""
+    queue = Queue(pool)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    not_due = await queue.enqueue(
+        "kx", {}, options=EnqueueOptions(limit_key="a", priority=-1, run_at=later)
+    )
+    due_a = await queue.enqueue("kx", {}, options=EnqueueOptions(limit_key="a"))
+    locked = await queue.enqueue("kx", {}, options=EnqueueOptions(limit_key="b", priority=-1))
+    due_b = await queue.enqueue("kx", {}, options=EnqueueOptions(limit_key="b"))
+    busy = await queue.enqueue("other", {}, options=EnqueueOptions(queue_name="tenant:10"))
+    assert [r["id"] for r in await _claim_flow(pool, "other")] == [busy]
+    waits = await queue.enqueue(
+        "kx", {}, options=EnqueueOptions(limit_key="c", priority=-1, queue_name="tenant:10")
+    )
+    due_c = await queue.enqueue("kx", {}, options=EnqueueOptions(limit_key="c"))
+    async with pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT 1 FROM pgfleet.jobs WHERE id = $1 FOR UPDATE", locked)
+        got = {r["id"] for r in await _claim_flow(pool, "kx")}
+    assert got == {due_a, due_b, due_c}
+    statuses = await pool.fetch(
+        "SELECT id, status::text FROM pgfleet.jobs WHERE id = ANY ($1::uuid[])",
+        [not_due, locked, waits],
+    )
+    assert {r["status"] for r in statuses} == {"queued"}
+
+
+async def test_a_keyed_claim_starts_its_first_jobs_in_turn_order(pool: asyncpg.Pool) -> None:
+    """The jobs a keyed claim starts now are the first of its turn order (one per
+    key, keys in order after the last one served); the rest are held ahead."""
+    queue = Queue(pool)
+    for key in ("a", "b", "c", "d"):
+        await queue.enqueue_many(
+            [EnqueueRequest("ko", {}, EnqueueOptions(limit_key=key)) for _ in range(2)]
+        )
+    rows = await pool.fetch(
+        "SELECT limit_key, started_at IS NOT NULL AS started"
+        " FROM pgfleet.claim_flow(gen_random_uuid(), '{ko}', NULL, 6, 3, '{}')"
+    )
+    started = sorted(r["limit_key"] for r in rows if r["started"])
+    held = sorted(r["limit_key"] for r in rows if not r["started"])
+    assert started == ["a", "b", "c"]
+    assert held == ["a", "b", "d"]
