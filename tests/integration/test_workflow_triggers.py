@@ -152,6 +152,90 @@ async def test_workers_finish_parents_in_their_rounds_removing_or_not(pool: asyn
     assert await status(queue, doomed) is JobStatus.CANCELLED
 
 
+async def test_one_transaction_finishing_many_parents_releases_every_child(
+    pool: asyncpg.Pool,
+) -> None:
+    """300 parents finished in one UPDATE: the deferred trigger fires once per edge,
+    the first call applies them all and the others skip (pgfleet.edges_pending)."""
+    queue = Queue(pool)
+    parents = await queue.enqueue_many([step(f"p{i}") for i in range(300)])
+    children = await queue.enqueue_many([step(f"c{i}", after(p)) for i, p in enumerate(parents)])
+    # And one child of all of them: 300 edges to settle for one child.
+    (joined,) = await queue.enqueue_many([step("joined", after(*parents))])
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET status = 'succeeded', finished_at = now()"
+        " WHERE id = ANY($1::uuid[])",
+        parents,
+    )
+    rows = await pool.fetch(
+        "SELECT status::text AS s, count(*) AS n FROM pgfleet.jobs"
+        " WHERE id = ANY($1::uuid[]) GROUP BY 1",
+        [*children, joined],
+    )
+    assert {r["s"]: r["n"] for r in rows} == {"queued": 301}
+    assert await pool.fetchval("SELECT count(*) FROM pgfleet.job_dependencies WHERE pending") == 0
+
+
+async def test_a_cancellation_cascades_two_levels_within_one_commit(pool: asyncpg.Pool) -> None:
+    """The settling cancels a child that has children: their edges are marked pending
+    by the settling itself, after the call that did the work, and still applied
+    before the commit ends, among many edges that are not."""
+    queue = Queue(pool)
+    root, *others = await queue.enqueue_many([step(f"p{i}") for i in range(50)])
+    (child,) = await queue.enqueue_many([step("child", after(root))])
+    (grandchild,) = await queue.enqueue_many([step("grandchild", after(child))])
+    great, spared = await queue.enqueue_many(
+        [step("great", after(grandchild)), step("spared", after(grandchild, run_anyway=True))]
+    )
+    released = await queue.enqueue_many([step(f"r{i}", after(p)) for i, p in enumerate(others)])
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET finished_at = now(),"
+        " status = CASE WHEN id = $1 THEN 'failed' ELSE 'succeeded' END::pgfleet.job_status"
+        " WHERE id = $1 OR id = ANY($2::uuid[])",
+        root,
+        others,
+    )
+    assert [await status(queue, j) for j in (child, grandchild, great, spared)] == [
+        JobStatus.CANCELLED,
+        JobStatus.CANCELLED,
+        JobStatus.CANCELLED,
+        JobStatus.QUEUED,
+    ]
+    reasons = [(await queue.get(j)).last_error for j in (child, grandchild, great)]  # type: ignore[union-attr]
+    assert reasons == [
+        f"cancelled: parent job {root} failed",
+        f"cancelled: parent job {child} cancelled",
+        f"cancelled: parent job {grandchild} cancelled",
+    ]
+    assert {await status(queue, j) for j in released} == {JobStatus.QUEUED}
+
+
+async def test_a_settling_rolled_back_with_its_savepoint_is_done_again_at_commit(
+    pool: asyncpg.Pool,
+) -> None:
+    """The transaction's flag is undone with the savepoint, as the edges are: edges
+    marked before it and applied inside it are pending again, and applied at commit;
+    a parent finished inside a savepoint rolled back releases nothing."""
+    queue = Queue(pool)
+    kept, undone = await queue.enqueue_many([step("kept"), step("undone")])
+    kept_child, undone_child = await queue.enqueue_many(
+        [step("kc", after(kept)), step("uc", after(undone))]
+    )
+    finish = "UPDATE pgfleet.jobs SET status = 'succeeded', finished_at = now() WHERE id = $1"
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(finish, kept)
+        await conn.execute("SAVEPOINT settled")
+        assert await conn.fetchval("SELECT pgfleet.job_settle_pending()") == 1
+        await conn.execute(finish, undone)
+        await conn.execute("ROLLBACK TO SAVEPOINT settled")
+        assert (
+            await conn.fetchval("SELECT status::text FROM pgfleet.jobs WHERE id = $1", kept_child)
+            == "waiting"
+        )
+    assert await status(queue, kept_child) is JobStatus.QUEUED
+    assert await status(queue, undone_child) is JobStatus.WAITING
+
+
 @pytest.fixture
 async def database_before(pg_server: pgharness.Server) -> AsyncIterator[str]:
     """A database migrated to the version before this migration."""

@@ -96,6 +96,9 @@ BEGIN
     UPDATE pgfleet.job_dependencies d SET outcome = s.status, pending = true
     FROM settled s
     WHERE d.parent_id = s.id AND d.outcome IS NULL;
+    IF FOUND THEN
+        PERFORM set_config('pgfleet.edges_pending', '1', true);
+    END IF;
     RETURN NULL;
 END
 $trigger$;
@@ -134,3 +137,140 @@ CREATE TRIGGER jobs_truncated
     AFTER TRUNCATE ON pgfleet.jobs
     FOR EACH STATEMENT
     EXECUTE FUNCTION pgfleet.jobs_truncated();
+
+-- At commit, 0007's deferred trigger calls pgfleet.job_settle_pending once per
+-- edge marked pending: the first call applies them all, and each later one found
+-- none left only by walking the job_dependencies_pending index, whose entries the
+-- first call's update left dead but not removable (their writer, this
+-- transaction, is still open). So a transaction that settled n edges read about
+-- n^2/2 index entries (5.4 million for a drain of 20,000 jobs in parent-child
+-- pairs, most of its CPU). Now a flag local to the transaction,
+-- pgfleet.edges_pending, says whether edges were marked pending since the last
+-- settling: '1', set by the two functions that mark edges (job_settle_edges, and
+-- jobs_finished_parents above); '0', set by job_settle_pending before it reads
+-- them. The trigger skips the call while it is '0', so every call after the one
+-- that did the work costs the trigger's firing only. Unset (edges marked by hand
+-- in SQL), the trigger calls it, as before. The rules are unchanged:
+-- - The flag is cleared before the pending edges are read, so edges that the
+--   settling itself marks (a cancelled child's own children, through the
+--   statement trigger of its UPDATE) set it again, and the events their update
+--   queued apply them, as the next call did before.
+-- - set_config(..., true) is undone with the savepoint it was set in, as are the
+--   edges' updates and their trigger events.
+-- - Each transaction has its own flag; what a call reads and locks is unchanged.
+-- - job_settle_pending called directly (job_settle_new) always does the work.
+CREATE OR REPLACE FUNCTION pgfleet.job_settle_edges(parent_id uuid, outcome pgfleet.job_status,
+                                                    only_children uuid[])
+RETURNS integer
+LANGUAGE plpgsql
+AS $edges$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE pgfleet.job_dependencies d
+    SET outcome = job_settle_edges.outcome, pending = true
+    WHERE d.parent_id = job_settle_edges.parent_id AND d.outcome IS NULL
+      AND (only_children IS NULL OR d.child_id = ANY (only_children));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    IF n > 0 THEN
+        PERFORM set_config('pgfleet.edges_pending', '1', true);
+    END IF;
+    RETURN n;
+END
+$edges$;
+
+CREATE OR REPLACE FUNCTION pgfleet.job_settle_pending()
+RETURNS integer
+LANGUAGE plpgsql
+AS $pending$
+DECLARE
+    children uuid[];
+    oks integer[];
+    culprits text[];
+    released uuid[];
+BEGIN
+    -- Before they are read: edges marked from here on set it again.
+    PERFORM set_config('pgfleet.edges_pending', '0', true);
+    -- The children of this transaction's pending edges, locked in id order first
+    -- (whatever order their parents finished in) and before the edges are
+    -- updated, as in 0007.
+    SELECT array_agg(DISTINCT d.child_id ORDER BY d.child_id) INTO children
+    FROM pgfleet.job_dependencies d WHERE d.pending;
+    IF children IS NULL THEN
+        RETURN 0;
+    END IF;
+    PERFORM 1 FROM pgfleet.jobs c WHERE c.id = ANY (children) ORDER BY c.id FOR UPDATE;
+
+    WITH taken AS (
+        UPDATE pgfleet.job_dependencies d SET pending = false
+        WHERE d.pending AND d.child_id = ANY (children)
+        RETURNING d.child_id, d.parent_id, d.outcome, d.run_anyway
+    ), per_child AS (
+        SELECT t.child_id,
+               count(*) FILTER (WHERE t.outcome = 'succeeded' OR t.run_anyway) AS ok,
+               min(t.parent_id::text || ' ' || t.outcome::text)
+                   FILTER (WHERE t.outcome <> 'succeeded' AND NOT t.run_anyway) AS culprit
+        FROM taken t GROUP BY t.child_id
+    )
+    SELECT array_agg(p.child_id ORDER BY p.child_id), array_agg(p.ok ORDER BY p.child_id),
+           array_agg(p.culprit ORDER BY p.child_id)
+    INTO children, oks, culprits
+    FROM per_child p;
+    IF children IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    -- A child cancelled here fires the triggers in turn for its own children.
+    UPDATE pgfleet.jobs c
+    SET status = 'cancelled', finished_at = now(), waiting_on = 0,
+        last_error = 'cancelled: parent job ' || s.culprit
+    FROM unnest(children, culprits) AS s(child_id, culprit)
+    WHERE c.id = s.child_id AND s.culprit IS NOT NULL AND c.status = 'waiting';
+
+    WITH due AS (
+        UPDATE pgfleet.jobs c
+        SET waiting_on = greatest(c.waiting_on - s.ok, 0),
+            status = CASE WHEN c.waiting_on <= s.ok THEN 'queued'
+                          ELSE 'waiting' END::pgfleet.job_status,
+            run_at = CASE WHEN c.waiting_on <= s.ok THEN greatest(c.run_at, now())
+                          ELSE c.run_at END
+        FROM unnest(children, oks, culprits) AS s(child_id, ok, culprit)
+        WHERE c.id = s.child_id AND s.culprit IS NULL AND s.ok > 0 AND c.status = 'waiting'
+        RETURNING c.id, c.status
+    )
+    SELECT array_agg(due.id) INTO released FROM due WHERE due.status = 'queued';
+    IF released IS NULL THEN
+        RETURN 0;
+    END IF;
+
+    -- A batch's callback learns its members' outcomes: every other member's edge
+    -- was settled by a transaction that held this child's lock and committed.
+    UPDATE pgfleet.jobs c
+    SET payload = c.payload || jsonb_build_object('batch', jsonb_build_object(
+            'id', c.id,
+            'size', b.size, 'succeeded', b.succeeded,
+            'failed', b.failed, 'cancelled', b.cancelled))
+    FROM (SELECT d.child_id,
+                 count(*) AS size,
+                 count(*) FILTER (WHERE d.outcome = 'succeeded') AS succeeded,
+                 count(*) FILTER (WHERE d.outcome = 'failed') AS failed,
+                 count(*) FILTER (WHERE d.outcome = 'cancelled') AS cancelled
+          FROM pgfleet.job_dependencies d
+          WHERE d.child_id = ANY (released) AND d.batch
+          GROUP BY d.child_id) b
+    WHERE c.id = b.child_id AND jsonb_typeof(c.payload) = 'object';
+    PERFORM pg_notify('pgfleet_jobs', '');
+    RETURN cardinality(released);
+END
+$pending$;
+
+CREATE OR REPLACE FUNCTION pgfleet.job_settle_trigger() RETURNS trigger
+LANGUAGE plpgsql
+AS $trigger$
+BEGIN
+    IF current_setting('pgfleet.edges_pending', true) IS DISTINCT FROM '0' THEN
+        PERFORM pgfleet.job_settle_pending();
+    END IF;
+    RETURN NULL;
+END
+$trigger$;
