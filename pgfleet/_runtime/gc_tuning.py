@@ -20,9 +20,11 @@ on by default):
 When the last one stops, both are undone: the frozen objects go back to the
 oldest generation (so garbage made before the start can still be collected) and
 the thresholds are those found at the start. A process whose collector is
-disabled, or whose youngest threshold is already at least ``YOUNG_THRESHOLD``, is
-left as it is. Reference counting frees acyclic garbage at once either way; only
-cycles wait longer, and at most ``YOUNG_THRESHOLD`` young objects are pending.
+disabled is left as it is; one whose youngest threshold is already at least
+``YOUNG_THRESHOLD`` keeps its thresholds, and one that has frozen objects itself
+keeps its freeze (nothing more is frozen, nothing thawed). Reference counting
+frees acyclic garbage at once either way; only cycles wait longer, and at most
+``YOUNG_THRESHOLD`` young objects are pending.
 """
 
 from __future__ import annotations
@@ -48,8 +50,11 @@ def acquire() -> None:
         if _users > 1 or not gc.isenabled():
             return
         found = gc.get_threshold()
-        gc.freeze()
-        _froze = True
+        # An application that froze objects itself (a pre-fork server before its
+        # fork) keeps its freeze: gc.unfreeze() would thaw those too.
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            _froze = True
         if found[0] < YOUNG_THRESHOLD:
             _saved = found
             gc.set_threshold(YOUNG_THRESHOLD, found[1], found[2])

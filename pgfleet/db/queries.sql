@@ -1179,7 +1179,11 @@ WITH edge AS (
         AS e(child_id, parent_id, run_anyway, batch)
 ), parent AS (
     UPDATE pgfleet.jobs p
+    -- true: edges to settle when it finishes (or, finished and still true, when
+    -- this statement's trigger settles it); false: finished and settled, so only
+    -- the new edges are left, and job_settle_new settles them.
     SET has_children = p.status NOT IN ('succeeded', 'failed', 'cancelled')
+                       OR p.has_children IS TRUE
     WHERE p.id IN (SELECT e.parent_id FROM edge e)
     RETURNING p.id, p.status
 ), linked AS (

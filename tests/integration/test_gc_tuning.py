@@ -96,3 +96,19 @@ def test_a_disabled_collector_is_left_disabled() -> None:
             gc_tuning.release()
     finally:
         gc.enable()
+
+
+def test_an_applications_own_freeze_is_kept() -> None:
+    """A pre-fork server freezes its objects before forking: the worker's stop must
+    not thaw them."""
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        gc_tuning.acquire()
+        try:
+            assert gc.get_threshold()[0] == gc_tuning.YOUNG_THRESHOLD
+        finally:
+            gc_tuning.release()
+        assert gc.get_freeze_count() >= frozen
+    finally:
+        gc.unfreeze()

@@ -134,6 +134,24 @@ async def test_a_parent_released_or_cancelled_through_each_path_that_finishes_it
     assert [m["has_children"] for m in marks] == [False] * len(parents)
 
 
+async def test_a_parent_finished_while_another_session_holds_key_share_is_settled(
+    pool: asyncpg.Pool,
+) -> None:
+    """A foreign key's check (or any FOR KEY SHARE) on the parent's row does not
+    conflict with the UPDATE that finishes it, so it must not make the trigger skip
+    the parent: a skipped parent commits finished and unsettled, and its children
+    wait for ever once it moves to history."""
+    queue = Queue(pool)
+    (parent,) = await queue.enqueue_many([step("p")])
+    (child,) = await queue.enqueue_many([step("c", after(parent))])
+    async with pool.acquire() as holder, holder.transaction():
+        await holder.execute("SELECT 1 FROM pgfleet.jobs WHERE id = $1 FOR KEY SHARE", parent)
+        await Store(pool).job_complete(id=parent)
+        assert await status(queue, child) == JobStatus.QUEUED
+    marked = await pool.fetchval("SELECT has_children FROM pgfleet.jobs WHERE id = $1", parent)
+    assert marked is False
+
+
 async def test_workers_finish_parents_in_their_rounds_removing_or_not(pool: asyncpg.Pool) -> None:
     """The worker's completion (inside its claim statement), a failure on the last
     attempt, and removal at completion, which never removes a parent."""

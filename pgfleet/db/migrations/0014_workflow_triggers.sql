@@ -72,6 +72,9 @@ DROP FUNCTION pgfleet.job_finished_trigger();
 -- Every parent this transaction sees finished and unsettled: its own (rows
 -- another transaction finished are settled before it commits); one locked by
 -- another transaction is that one's to settle (SKIP LOCKED: no waiting here).
+-- The row locks are FOR NO KEY UPDATE, the strength of the UPDATE that finished
+-- the parent: FOR UPDATE would also skip a row someone holds FOR KEY SHARE (a
+-- foreign key's check), leaving a parent its own statement finished unsettled.
 -- Marked settled, and its outcome recorded on its unsettled edges, as pending:
 -- pgfleet.job_settle_edges for all of them in one statement. The marker's UPDATE
 -- fires this trigger again, which finds none left.
@@ -81,7 +84,7 @@ AS $trigger$
 BEGIN
     PERFORM 1 FROM pgfleet.jobs u
     WHERE u.has_children AND u.status >= 'succeeded' AND u.status <= 'cancelled'
-    LIMIT 1 FOR UPDATE SKIP LOCKED;
+    LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
@@ -90,7 +93,7 @@ BEGIN
         WHERE j.id IN (SELECT u.id FROM pgfleet.jobs u
                        WHERE u.has_children
                          AND u.status >= 'succeeded' AND u.status <= 'cancelled'
-                       FOR UPDATE SKIP LOCKED)
+                       FOR NO KEY UPDATE SKIP LOCKED)
         RETURNING j.id, j.status
     )
     UPDATE pgfleet.job_dependencies d SET outcome = s.status, pending = true
