@@ -169,3 +169,30 @@ def test_migrations_are_ordered_and_checksummed() -> None:
     shipped = pgfleet.migrations()
     assert [m.version for m in shipped] == list(range(1, len(shipped) + 1))
     assert all(len(m.checksum) == 64 for m in shipped)
+
+
+async def test_claim_table_analyze_samples_few_rows_and_skips_shown_columns(
+    pool: asyncpg.Pool,
+) -> None:
+    """0016: every column of the claim table has a statistics target of at most 10
+    (a column added later without one would bring the leader's frequent ANALYZE back
+    to 30,000 sampled rows), and the columns no plan filters on get none."""
+    targets = {
+        r["attname"]: r["attstattarget"]
+        for r in await pool.fetch(
+            "SELECT attname, attstattarget FROM pg_attribute"
+            " WHERE attrelid = 'pgfleet.jobs'::regclass AND attnum > 0 AND NOT attisdropped"
+        )
+    }
+    unset = sorted(name for name, target in targets.items() if target < 0 or target > 10)
+    assert unset == [], f"columns of pgfleet.jobs at the default statistics target: {unset}"
+    await pgfleet.Queue(pool).enqueue("stats.probe", {"secret": "x" * 40})
+    await pool.execute("ANALYZE pgfleet.jobs")
+    with_stats = {
+        r["attname"]
+        for r in await pool.fetch(
+            "SELECT attname FROM pg_stats WHERE schemaname = 'pgfleet' AND tablename = 'jobs'"
+        )
+    }
+    assert {"status", "name", "run_at", "limited"} <= with_stats
+    assert not {"payload", "result", "errors", "id", "lock_token"} & with_stats
