@@ -257,7 +257,7 @@ class Vacuumer(Chore):
     backlog that builds up on a table analyzed while nearly empty would otherwise be
     claimed with plans made for the empty table, which walk every queued row per
     claim (a soak's first minutes stalled on that), until autovacuum's next analyze
-    or the first vacuum. An ANALYZE samples 30,000 rows and replans every cached
+    or the first vacuum. An ANALYZE samples 3,000 rows (0016) and replans every cached
     plan over the table."""
 
     name = "vacuum"
