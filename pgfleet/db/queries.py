@@ -63,6 +63,22 @@ def expand(text: str) -> str:
     return "\n".join(out)
 
 
+def _body_comments_dropped(lines: list[str]) -> list[str]:
+    """A statement's lines without the whole-line comments of its body: its leading
+    comment (what it is, as ``pg_stat_activity`` shows it) stays. The server parses
+    less, and the claim statement fits asyncpg's statement cache with room to spare
+    (its cap counts comments)."""
+    kept: list[str] = []
+    in_body = False
+    for line in lines:
+        is_comment = line.lstrip().startswith("--")
+        if in_body and is_comment:
+            continue
+        in_body = in_body or bool(line.strip() and not is_comment)
+        kept.append(line)
+    return kept
+
+
 def parse(text: str) -> dict[str, Query]:
     """Split a file of ``-- name: x :shape`` blocks into queries (its fragments
     spliced in first: see :func:`expand`)."""
@@ -74,7 +90,7 @@ def parse(text: str) -> dict[str, Query]:
     def flush() -> None:
         if name is None:
             return
-        sql = "\n".join(lines).strip().rstrip(";").strip()
+        sql = "\n".join(_body_comments_dropped(lines)).strip().rstrip(";").strip()
         if not sql:
             raise ValueError(f"query {name!r} in queries.sql is empty")
         found[name] = Query(name, shape, sql)

@@ -21,6 +21,16 @@ def test_parse_splits_named_blocks_with_shapes() -> None:
     }
 
 
+def test_parse_keeps_the_leading_comment_and_drops_the_bodys() -> None:
+    text = (
+        "-- name: a :one\n-- What a is.\n-- Second line.\nSELECT 1\n"
+        "    -- why the filter\n  FROM t -- kept: not a whole line\n-- gone too\nWHERE true;\n"
+    )
+    assert parse(text)["a"].sql == (
+        "-- What a is.\n-- Second line.\nSELECT 1\n  FROM t -- kept: not a whole line\nWHERE true"
+    )
+
+
 def test_parse_refuses_duplicates_and_empty_blocks() -> None:
     with pytest.raises(ValueError, match="defined twice"):
         parse("-- name: a :one\nSELECT 1;\n-- name: a :one\nSELECT 2;")
@@ -91,7 +101,8 @@ def test_no_sql_outside_the_db_layer() -> None:
 
 def test_the_claim_statements_fit_asyncpgs_statement_cache() -> None:
     """asyncpg prepares and caches a statement only up to max_cacheable_statement_size
-    (15 KiB by default, counted on its text, comments included): a longer claim
+    (15 KiB by default, counted on its text: the leading comment counts, the body's
+    comments are dropped at load): a longer claim
     statement is sent unnamed and planned again every round (about 2 ms each)."""
     cap = 15 * 1024
     for query in (Q.job_complete_and_claim, Q.job_complete_and_claim_lean):
