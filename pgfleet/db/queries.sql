@@ -710,12 +710,12 @@ FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT coun
                 THEN (SELECT count(*) FROM flow f WHERE f.started_at IS NOT NULL)::integer
                 ELSE 0 END AS started
 ), pick AS MATERIALIZED (
-    -- Tuple ids from an InitPlan, read by tuple id: no key descent per job, no
-    -- join for a plan to flip to a hash join over the table on stale estimates. A
-    -- locked row stays put (a version the snapshot cannot see: left queued).
+    -- The ids come from an InitPlan and the update finds them through the primary
+    -- key: there is no join between the pick and the table for a plan to flip to a
+    -- hash or merge join over the whole table when the row estimates are stale.
     -- Jobs of named queues are flagged (0009): claim_flow claims them.
     SELECT ARRAY (
-        SELECT c.ctid FROM pgfleet.jobs c
+        SELECT c.id FROM pgfleet.jobs c
         WHERE c.status = 'queued' AND c.run_at <= now()
           AND c.name = ANY($7::text[])
           AND ($8::text[] IS NULL OR c.queue_name = ANY($8::text[]))
@@ -728,11 +728,11 @@ FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT coun
 ), claimed AS (
     UPDATE pgfleet.jobs j
     SET status = 'running', attempt = j.attempt + 1,
-        started_at = CASE WHEN j.ctid = ANY ((SELECT p.ids[1:$10 - h.started]
-                                            FROM pick p, held_back h)::tid[])
+        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10 - h.started]
+                                            FROM pick p, held_back h)::uuid[])
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
-    WHERE j.ctid = ANY ((SELECT p.ids FROM pick p)::tid[]) AND j.status = 'queued'
+    WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
     RETURNING j.id, j.name, j.payload, j.attempt, j.max_attempts, j.priority, j.queue_name,
               j.job_key, j.run_at, j.created_at, j.started_at, j.last_error, j.lock_token,
               j.trace_context, j.snoozes, j.limit_key
@@ -817,12 +817,12 @@ FROM flow f;
 -- per-round cost where nothing is limited.
 -- include: completion_ctes
 , pick AS MATERIALIZED (
-    -- Tuple ids from an InitPlan, read by tuple id: no key descent per job, no
-    -- join for a plan to flip to a hash join over the table on stale estimates. A
-    -- locked row stays put (a version the snapshot cannot see: left queued).
+    -- The ids come from an InitPlan and the update finds them through the primary
+    -- key: there is no join between the pick and the table for a plan to flip to a
+    -- hash or merge join over the whole table when the row estimates are stale.
     -- Jobs of named queues are flagged (0009): claim_flow claims them.
     SELECT ARRAY (
-        SELECT c.ctid FROM pgfleet.jobs c
+        SELECT c.id FROM pgfleet.jobs c
         WHERE c.status = 'queued' AND c.run_at <= now()
           AND c.name = ANY($7::text[])
           AND NOT c.limited
@@ -834,10 +834,10 @@ FROM flow f;
 ), claimed AS (
     UPDATE pgfleet.jobs j
     SET status = 'running', attempt = j.attempt + 1,
-        started_at = CASE WHEN j.ctid = ANY ((SELECT p.ids[1:$10] FROM pick p)::tid[])
+        started_at = CASE WHEN j.id = ANY ((SELECT p.ids[1:$10] FROM pick p)::uuid[])
                           THEN now() END,
         locked_by = $6, lock_token = gen_random_uuid()
-    WHERE j.ctid = ANY ((SELECT p.ids FROM pick p)::tid[]) AND j.status = 'queued'
+    WHERE j.id = ANY ((SELECT p.ids FROM pick p)::uuid[])
     RETURNING j.id, j.name, j.payload, j.attempt, j.max_attempts, j.priority, j.queue_name,
               j.job_key, j.run_at, j.created_at, j.started_at, j.last_error, j.lock_token,
               j.trace_context, j.snoozes, j.limit_key

@@ -171,11 +171,9 @@ async def _check_claim_plan(conn: asyncpg.Connection, query: Any) -> None:
     nodes = _nodes(plan["Plan"])
     scans = {(n["Node Type"], n.get("Index Name")) for n in nodes if "Relation Name" in n}
     # The pick walks the runnable index in claim order (the one without the jobs
-    # under flow control); the claim's update reads the picked rows by tuple id,
-    # the completion's by primary key; nothing scans the table or its retained
-    # history.
+    # under flow control); the updates find rows by primary key; nothing scans
+    # the table or its retained history.
     assert ("Index Scan", "jobs_free") in scans
-    assert ("Tid Scan", None) in scans
     assert ("Index Scan", "jobs_pkey") in scans
     bad = [
         (n["Node Type"], n.get("Relation Name"))
