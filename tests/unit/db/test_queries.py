@@ -107,3 +107,19 @@ def test_the_claim_statements_fit_asyncpgs_statement_cache() -> None:
     cap = 15 * 1024
     for query in (Q.job_complete_and_claim, Q.job_complete_and_claim_lean):
         assert len(query.sql.encode()) <= cap, (query.name, len(query.sql.encode()))
+
+
+@pytest.mark.parametrize("file", ["queries.sql", "console.sql", "access.sql"])
+def test_no_dropped_comment_line_sits_inside_a_literal(file: str) -> None:
+    """The loader drops whole-line ``--`` comments from a statement's body: that is
+    only safe while no string literal or dollar-quoted body spans such a line."""
+    from pgfleet.db.queries import expand
+
+    text = expand((PACKAGE / "db" / file).read_text())
+    assert "$$" not in text and not re.search(r"\$[A-Za-z_]*\$", text), file
+    quotes = 0
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("--"):
+            assert quotes % 2 == 0, f"{file}: comment line {lineno} inside a string literal"
+            continue
+        quotes += line.split("--", 1)[0].count("'") if quotes % 2 == 0 else line.count("'")
