@@ -11,6 +11,7 @@ failed), which the smoke test reads.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import statistics
@@ -676,7 +677,11 @@ def _soak_plots(
     # Whole windows inside the run (the drain after Locust stops is not a rate).
     windows = [w for w in p.get("windows") or [] if w["t"] < params["seconds"]]
     wt = [w["t"] + params.get("window", 60) / 2 for w in windows]
-    fig, axes = plt.subplots(5, 1, figsize=(7, 11), sharex=True)
+    fig, axes = plt.subplots(6, 1, figsize=(7, 13), sharex=True)
+    # The server's checkpoints, where their count went up, on the latency plot.
+    marks = [t[i] for i in range(1, len(t)) if _grew(samples, "checkpoints", i)]
+    for x in marks:
+        axes[0].axvline(x, color="tab:gray", alpha=0.25, linewidth=0.8)
     axes[0].plot(wt, [(w["p50"] or 0) * 1000 for w in windows], label="p50")
     axes[0].plot(wt, [(w["p90"] or 0) * 1000 for w in windows], label="p90")
     axes[0].plot(wt, [(w["p99"] or 0) * 1000 for w in windows], label="p99")
@@ -693,7 +698,9 @@ def _soak_plots(
     axes[3].set_ylabel("dead tuples")
     axes[4].step(t, [v - vacuums[0] for v in vacuums], color="tab:blue", where="post")
     axes[4].set_ylabel("vacuums of the\nclaim table")
-    axes[4].set_xlabel("seconds into the soak")
+    axes[5].plot(t[1:], _rates(samples, "wal_bytes", 2**20), color="tab:olive")
+    axes[5].set_ylabel("WAL (MiB/s)\ngray: checkpoints")
+    axes[5].set_xlabel("seconds into the soak")
     axes[0].set_title(f"soak at {p['target_rate']:,.0f} jobs/s")
     for a in axes:
         a.grid(True, alpha=0.3)
@@ -701,9 +708,27 @@ def _soak_plots(
     rep.figure(
         fig,
         "soak.png",
-        "claim latency, drain rate, table, index and history sizes, dead tuples and "
-        "vacuums over the soak",
+        "claim latency (gray lines: the server's checkpoints), drain rate, table, index "
+        "and history sizes, dead tuples, vacuums and WAL written over the soak",
     )
+
+
+def _grew(samples: list[dict[str, Any]], key: str, i: int) -> bool:
+    """Whether counter ``key`` went up from sample ``i - 1`` to sample ``i`` (a run
+    recorded before the counter existed has none)."""
+    before, after = samples[i - 1].get(key), samples[i].get(key)
+    return before is not None and after is not None and after > before
+
+
+def _rates(samples: list[dict[str, Any]], key: str, unit: float) -> list[float]:
+    """Counter ``key`` per second between consecutive samples, in ``unit``s (0 where a
+    sample lacks it)."""
+    out = []
+    for a, b in itertools.pairwise(samples):
+        dt = b["t"] - a["t"]
+        ok = dt > 0 and a.get(key) is not None and b.get(key) is not None
+        out.append((b[key] - a[key]) / dt / unit if ok else 0.0)
+    return out
 
 
 def _soak_verdict(
@@ -732,9 +757,10 @@ def _soak_verdict(
         first, last = judged[0]["p99"], judged[1]["p99"]
         # 1.2x, with 5 ms of slack for latencies too small to compare as ratios.
         verdicts["claim p99"] = last <= first * 1.2 + 0.005
-        span = p["judge_span"]
+        span, warmup = p["judge_span"], p.get("judge_warmup", 0)
+        after = f" after the first {warmup:g} s" if warmup else ""
         drift = (
-            f" Claim latency p99: {first * 1000:.1f} ms in the first {span:g} s, "
+            f" Claim latency p99: {first * 1000:.1f} ms in the first {span:g} s{after}, "
             f"{last * 1000:.1f} ms in the last {span:g} s ({last / max(first, 1e-9):.2f}x)."
         )
         rep.headline["soak_p99_ratio"] = round(last / max(first, 1e-9), 3)

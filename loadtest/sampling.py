@@ -53,8 +53,24 @@ LEFT JOIN LATERAL (
 WHERE s.relid = 'pgfleet.jobs'::regclass
 """
 
+# The server's checkpoints (how many, milliseconds spent writing and syncing them) and
+# the WAL it wrote: cluster-wide counters, which the soak plots against claim latency.
+# Postgres 17 moved the checkpoint counters to pg_stat_checkpointer.
+SERVER_SAMPLE = """
+SELECT b.checkpoints_timed + b.checkpoints_req AS checkpoints,
+       b.checkpoint_write_time + b.checkpoint_sync_time AS checkpoint_ms,
+       (SELECT wal_bytes FROM pg_stat_wal)::float8 AS wal_bytes
+FROM pg_stat_bgwriter b
+"""
+SERVER_SAMPLE_17 = """
+SELECT c.num_timed + c.num_requested AS checkpoints,
+       c.write_time + c.sync_time AS checkpoint_ms,
+       (SELECT wal_bytes FROM pg_stat_wal)::float8 AS wal_bytes
+FROM pg_stat_checkpointer c
+"""
+
 # Claim latency (due to started) percentiles and jobs finished, per window of $2
-# seconds from $1, over the jobs and their history.
+# seconds from $3, of the jobs created since $1, over the jobs and their history.
 WINDOWS = """
 WITH j AS (
     SELECT EXTRACT(EPOCH FROM started_at)::float8 AS started,
@@ -62,11 +78,11 @@ WITH j AS (
            EXTRACT(EPOCH FROM started_at - run_at)::float8 AS delay
     FROM pgfleet.jobs_all WHERE created_at >= to_timestamp($1) AND started_at IS NOT NULL
 ), latency AS (
-    SELECT floor((started - $1) / $2)::int AS w, count(*) AS started_n,
+    SELECT floor((started - $3) / $2)::int AS w, count(*) AS started_n,
            percentile_cont(ARRAY[0.5, 0.9, 0.99]) WITHIN GROUP (ORDER BY delay) AS p
     FROM j GROUP BY 1
 ), drained AS (
-    SELECT floor((finished - $1) / $2)::int AS w, count(*) AS finished_n
+    SELECT floor((finished - $3) / $2)::int AS w, count(*) AS finished_n
     FROM j WHERE finished IS NOT NULL GROUP BY 1
 )
 SELECT w, COALESCE(started_n, 0) AS started, COALESCE(finished_n, 0) AS finished, p
@@ -205,9 +221,12 @@ class Sampler:
         self.rows: list[dict[str, Any]] = []
         self._task: asyncio.Task[None] | None = None
         self._conn: asyncpg.Connection | None = None
+        self._server_sample = SERVER_SAMPLE
 
     async def __aenter__(self) -> Sampler:
         self._conn = await asyncpg.connect(self._dsn)
+        version = self._conn.get_server_version().major
+        self._server_sample = SERVER_SAMPLE_17 if version >= 17 else SERVER_SAMPLE
         self._task = asyncio.create_task(self._run())
         return self
 
@@ -236,6 +255,7 @@ class Sampler:
             row.update(dict(await one_row(self._conn, QUEUE_SAMPLE)))
         if self._table:
             row.update(dict(await one_row(self._conn, TABLE_SAMPLE)))
+            row.update(dict(await one_row(self._conn, self._server_sample)))
         if self._cpu is not None:
             await self._cpu.sample(self._conn)
         if row:
@@ -271,11 +291,15 @@ async def pickup_delays(conn: asyncpg.Connection, since: float) -> dict[str, Any
     }
 
 
-async def windows(conn: asyncpg.Connection, since: float, window: float) -> list[dict[str, Any]]:
-    """Per window of ``window`` seconds: jobs started and finished, and the claim
-    latency's p50, p90 and p99 (seconds from due to started)."""
+async def windows(
+    conn: asyncpg.Connection, since: float, window: float, origin: float | None = None
+) -> list[dict[str, Any]]:
+    """Per window of ``window`` seconds from ``origin`` (default ``since``), of the jobs
+    created since ``since``: jobs started and finished, and the claim latency's p50,
+    p90 and p99 (seconds from due to started). ``t`` is the window's start, from
+    ``origin``."""
     out = []
-    for r in await conn.fetch(WINDOWS, since, window):
+    for r in await conn.fetch(WINDOWS, since, window, since if origin is None else origin):
         p = r["p"] or [None] * 3
         out.append(
             {

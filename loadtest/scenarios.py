@@ -114,6 +114,9 @@ class Soak:
     sample_interval: float = 2.0
     #: Claim latency percentiles and drain rate are computed per window of this.
     window: float = 60
+    #: The claim p99 of the first ten minutes after this (the generators and the
+    #: workers' connections start in it) is judged against the last ten minutes'.
+    judge_warmup: float = 60
 
 
 def soak_batch(p: Soak, rate: float) -> int:
@@ -142,7 +145,7 @@ PROFILES: dict[str, dict[str, Any]] = {
         "soak": Soak(seconds=30, users=2, generator_processes=1, worker_processes=1,
                      capacity_seconds=6, capacity_warmup=2, capacity_backlog=1000,
                      max_rate=200, history_move_after=2, prune_interval=2,
-                     sample_interval=1.0, window=5),
+                     sample_interval=1.0, window=5, judge_warmup=3),
     },
 }  # fmt: skip
 
@@ -565,12 +568,11 @@ async def _soak_final(ctx: Context, point: dict[str, Any], p: Soak) -> None:
         final = dict(await sampling.one_row(conn, sampling.TABLE_SAMPLE))
         remaining = await sampling.status_counts(conn, point["t0"])
         point["windows"] = await sampling.windows(conn, point["t0"], p.window)
-        # The first and the last ten minutes (a third of a shorter soak), judged.
-        span = min(600.0, p.seconds / 3)
-        spans = await sampling.windows(conn, point["t0"], span)
-        whole = [w for w in spans if w["t"] + span <= p.seconds + 1e-6]
-        point["judge_span"] = span
-        point["judged"] = [whole[0], whole[-1]] if len(whole) >= 2 else []
+        # The first ten minutes after the warm-up and the last ten (a third of a
+        # shorter soak), judged.
+        point["judged"] = await _judged(conn, point["t0"], p)
+        point["judge_span"] = _judge_span(p)
+        point["judge_warmup"] = p.judge_warmup
     finally:
         await conn.close()
     before = point["table_before"]
@@ -586,6 +588,25 @@ async def _soak_final(ctx: Context, point: dict[str, Any], p: Soak) -> None:
     point["jobs_pruned"] = max(0, pruned) if short else 0
     point["jobs_done"] = remaining.get("succeeded", 0) + point["jobs_pruned"]
     point["statuses"] = remaining
+
+
+def _judge_span(p: Soak) -> float:
+    """The length of the two windows the soak's claim p99 is judged on."""
+    return min(600.0, (p.seconds - p.judge_warmup) / 3)
+
+
+async def _judged(conn: asyncpg.Connection, t0: float, p: Soak) -> list[dict[str, Any]]:
+    """The claim latency of the first window after the warm-up and of the last
+    window of the run (what the generators offered; the drain after it is not
+    judged): ``[]`` when the run is too short to hold two."""
+    span = _judge_span(p)
+    if span <= 0:
+        return []
+    first = await sampling.windows(conn, t0, span, t0 + p.judge_warmup)
+    last = await sampling.windows(conn, t0, span, t0 + p.seconds - span)
+    first = [w for w in first if w["t"] == 0]
+    last = [w for w in last if w["t"] == 0]
+    return first + last if first and last else []
 
 
 async def _moved(ctx: Context, since: float) -> int:
