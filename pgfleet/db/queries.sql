@@ -47,23 +47,63 @@ RETURNING pg_notify('pgfleet_jobs', '');
 -- name: job_insert_many_plain :exec
 -- The common batch: default options for every job. Payloads arrive as one JSON
 -- array (one encode call on the client, one parse here), zipped to the ids and names.
-INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited)
-SELECT id, name, payload, $4::integer,
-       name IN (SELECT l.name FROM pgfleet.limits l)
+-- A limited name's jobs get their turns here, numbered from the name's next
+-- turn in batch order (0017), not one by one by the insert trigger.
+WITH base AS (
+    SELECT l.name, pgfleet.next_turn(l.name, NULL, 0::smallint) AS turn
+    FROM pgfleet.limits l WHERE l.name = ANY ($2::text[])
+)
+INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limited, turn)
+SELECT t.id, t.name, t.payload, $4::integer, b.name IS NOT NULL,
+       b.turn + row_number() OVER (PARTITION BY b.name ORDER BY t.ord) - 1
 FROM ROWS FROM (unnest($1::uuid[]), unnest($2::text[]), jsonb_array_elements($3::text::jsonb))
-     AS t(id, name, payload);
+     WITH ORDINALITY AS t(id, name, payload, ord)
+LEFT JOIN base b ON b.name = t.name;
 
 -- name: job_insert_many :exec
 -- $9: the enqueue's trace context (JSON text) for every job, or NULL; $10: limit keys.
+-- Flagged jobs get their turns here, each key's numbered from its next turn in
+-- batch order (0017; '' stands for no key: a limit key is never empty).
+WITH t AS (
+    SELECT u.*, u.limit_key IS NOT NULL OR u.queue_name IS NOT NULL
+                OR u.name IN (SELECT l.name FROM pgfleet.limits l) AS flagged
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
+                $7::timestamptz[], $8::float8[], $10::text[])
+         WITH ORDINALITY AS u(id, name, payload, priority, max_attempts, queue_name, run_at,
+                              delay, limit_key, ord)
+), base AS (
+    -- pgfleet.next_turn, inline: a descent of jobs_flow_queued per key, no call.
+    SELECT g.name, g.k, g.priority,
+           GREATEST((SELECT f.turn FROM pgfleet.flow_fronts f
+                     WHERE f.name = g.name AND f.priority = g.priority),
+                    CASE WHEN g.limit_key IS NULL THEN
+                        (SELECT j.turn + 1 FROM pgfleet.jobs j
+                         WHERE j.status = 'queued' AND j.limited AND j.name = g.name
+                           AND j.limit_key IS NULL AND j.priority = g.priority
+                           AND j.turn IS NOT NULL
+                         ORDER BY j.limit_key DESC, j.priority DESC, j.turn DESC NULLS LAST,
+                                  j.id DESC
+                         LIMIT 1)
+                    ELSE
+                        (SELECT j.turn + 1 FROM pgfleet.jobs j
+                         WHERE j.status = 'queued' AND j.limited AND j.name = g.name
+                           AND j.limit_key = g.limit_key AND j.priority = g.priority
+                           AND j.turn IS NOT NULL
+                         ORDER BY j.limit_key DESC, j.priority DESC, j.turn DESC NULLS LAST,
+                                  j.id DESC
+                         LIMIT 1) END,
+                    0) AS turn
+    FROM (SELECT DISTINCT t.name, t.limit_key, COALESCE(t.limit_key, '') AS k, t.priority
+          FROM t WHERE t.flagged) g
+)
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
-                          trace_context, limit_key, limited)
-SELECT id, name, payload::jsonb, priority, max_attempts, queue_name,
-       COALESCE(run_at, now() + make_interval(secs => delay)), $9::text::jsonb, limit_key,
-       limit_key IS NOT NULL OR queue_name IS NOT NULL
-       OR name IN (SELECT l.name FROM pgfleet.limits l)
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
-            $7::timestamptz[], $8::float8[], $10::text[])
-     AS t(id, name, payload, priority, max_attempts, queue_name, run_at, delay, limit_key);
+                          trace_context, limit_key, limited, turn)
+SELECT t.id, t.name, t.payload::jsonb, t.priority, t.max_attempts, t.queue_name,
+       COALESCE(t.run_at, now() + make_interval(secs => t.delay)), $9::text::jsonb,
+       t.limit_key, t.flagged,
+       b.turn + row_number() OVER (PARTITION BY t.name, b.k, t.priority ORDER BY t.ord) - 1
+FROM t LEFT JOIN base b
+    ON b.name = t.name AND b.k = COALESCE(t.limit_key, '') AND b.priority = t.priority;
 
 -- name: job_insert_keyed_dedupe :many
 -- $10 (all three keyed inserts): the enqueue's trace context, or NULL; $11: limit keys.

@@ -23,6 +23,7 @@ EXPECTED_TABLES = {
     "limits",
     "queue_pauses",
     "flow_turns",
+    "flow_fronts",  # 0017: the highest turn claimed per name and priority
     "limit_starts",
     "job_dependencies",
     "jobs_history",  # 0010: partitioned by day; the leader creates the days
@@ -40,6 +41,7 @@ EXPECTED_INDEXES = {
     "jobs_failed_name",
     "jobs_free",
     "jobs_flow_queued",
+    "jobs_flow_turns",  # 0017: a name's flagged jobs in claim order
     "jobs_limited_running",
     "jobs_parents_unsettled",  # 0014: finished parents until their statement's trigger
 }
@@ -74,6 +76,7 @@ async def test_migrate_builds_the_expected_schema(pool: asyncpg.Pool) -> None:
         "jobs_running_worker",
         "jobs_free",
         "jobs_flow_queued",
+        "jobs_flow_turns",
         "jobs_limited_running",
     ):
         assert " WHERE " in indexes[name], name

@@ -1,0 +1,168 @@
+"""Keys take turns by number (migration 0017), against a real Postgres: the turns
+enqueues give, the front claims advance, the order claim_flow takes, and the
+numbering of jobs queued before the migration."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+
+from pgfleet import EnqueueOptions, EnqueueRequest, Queue, migrations
+
+CLAIM = (
+    "SELECT id, limit_key, priority, turn FROM pgfleet.claim_flow(gen_random_uuid(),"
+    " ARRAY[$1::text], NULL, $2, $2, '{}'::uuid[])"
+)
+
+
+def _keyed(name: str, key: str | None, **options: Any) -> EnqueueRequest:
+    return EnqueueRequest(name, {}, EnqueueOptions(limit_key=key, **options))
+
+
+async def _turns(pool: asyncpg.Pool, ids: list[uuid.UUID]) -> list[int | None]:
+    rows = await pool.fetch("SELECT id, turn FROM pgfleet.jobs WHERE id = ANY ($1::uuid[])", ids)
+    by_id = {r["id"]: r["turn"] for r in rows}
+    return [by_id[i] for i in ids]
+
+
+async def test_a_batch_numbers_each_keys_jobs_from_the_keys_next_turn(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    ids = await queue.enqueue_many([_keyed("export", k) for k in ("a", "b", "a", "b", "a")])
+    assert await _turns(pool, ids) == [0, 0, 1, 1, 2]
+    # A later enqueue of a key goes on after its queued jobs; a new key and each
+    # priority start at 0 (nothing claimed yet: the front is 0).
+    later = await queue.enqueue_many(
+        [_keyed("export", "a"), _keyed("export", "c"), _keyed("export", "a", priority=-1)]
+    )
+    assert await _turns(pool, later) == [3, 0, 0]
+    single = await queue.enqueue("export", {}, options=EnqueueOptions(limit_key="b"))
+    assert await _turns(pool, [single]) == [2]
+
+
+async def test_a_limited_names_jobs_without_a_key_are_one_key_and_others_get_no_turn(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    await queue.set_limits("sms", concurrency=3)
+    plain = await queue.enqueue_many([EnqueueRequest("sms", {}) for _ in range(3)])
+    keyed = await queue.enqueue_many([_keyed("sms", "x"), EnqueueRequest("sms", {})])
+    single = await queue.enqueue("sms", {})
+    free = await queue.enqueue_many([EnqueueRequest("free", {}) for _ in range(2)])
+    assert await _turns(pool, plain) == [0, 1, 2]
+    assert await _turns(pool, keyed) == [0, 3]
+    assert await _turns(pool, [single]) == [4]
+    assert await _turns(pool, free) == [None, None]
+
+
+async def test_rows_inserted_by_hand_are_numbered_by_the_trigger(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    first = await queue.enqueue("export", {}, options=EnqueueOptions(limit_key="a"))
+    ids = [uuid.uuid4() for _ in range(3)]
+    # One statement: the trigger sees the rows inserted before each one.
+    await pool.execute(
+        "INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limit_key, limited)"
+        " SELECT i, 'export', '{}', 3, 'a', true FROM unnest($1::uuid[]) AS i",
+        ids,
+    )
+    assert await _turns(pool, [first, *ids]) == [0, 1, 2, 3]
+
+
+async def test_claims_take_keys_in_turn_and_priority_first(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    # One key's backlog first, then another's: the claim alternates between them.
+    big = await queue.enqueue_many([_keyed("export", "big") for _ in range(6)])
+    small = await queue.enqueue_many([_keyed("export", "small") for _ in range(2)])
+    urgent = await queue.enqueue("export", {}, options=EnqueueOptions(limit_key="big", priority=-1))
+    # Claims of one job, then two, then two (a claim returns its jobs unordered).
+    assert {r["id"] for r in await pool.fetch(CLAIM, "export", 1)} == {urgent}
+    assert {r["id"] for r in await pool.fetch(CLAIM, "export", 2)} == {big[0], small[0]}
+    assert {r["id"] for r in await pool.fetch(CLAIM, "export", 2)} == {big[1], small[1]}
+    assert {r["id"] for r in await pool.fetch(CLAIM, "export", 9)} == set(big[2:])
+
+
+async def test_a_key_with_nothing_queued_starts_at_the_front(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    await queue.enqueue_many([_keyed("export", "big") for _ in range(10)])
+    # Four of big's turns (0-3) are claimed: the front of priority 0 is 3.
+    assert len(await pool.fetch(CLAIM, "export", 4)) == 4
+    assert (
+        await pool.fetchval(
+            "SELECT turn FROM pgfleet.flow_fronts WHERE name = 'export' AND priority = 0"
+        )
+        == 3
+    )
+    # A new key starts at the front, not at 0 (it would take every turn until it
+    # caught up) nor after big's backlog: it is next.
+    late = await queue.enqueue_many([_keyed("export", "late") for _ in range(3)])
+    assert await _turns(pool, late) == [3, 4, 5]
+    rows = await pool.fetch(CLAIM, "export", 4)
+    assert sorted((r["turn"], r["limit_key"]) for r in rows) == [
+        (3, "late"),
+        (4, "big"),
+        (4, "late"),
+        (5, "big"),
+    ]
+    rows = sorted(rows, key=lambda r: (r["turn"], r["limit_key"]))
+    # The front only moves forward: a claim of an earlier turn leaves it.
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET status = 'queued', locked_by = NULL, lock_token = NULL,"
+        " turn = 0 WHERE id = $1",
+        rows[0]["id"],
+    )
+    assert [r["turn"] for r in await pool.fetch(CLAIM, "export", 1)] == [0]
+    assert (
+        await pool.fetchval(
+            "SELECT turn FROM pgfleet.flow_fronts WHERE name = 'export' AND priority = 0"
+        )
+        == 5
+    )
+
+
+async def test_the_migration_numbers_the_queued_flagged_jobs_by_key_in_run_at_order(
+    database: str,
+) -> None:
+    conn = await asyncpg.connect(database)
+    try:
+        await conn.execute("DROP SCHEMA pgfleet CASCADE; CREATE SCHEMA pgfleet")
+        turns = next(m for m in migrations() if m.name == "flow_turn_numbers")
+        for m in migrations():
+            if m.version < turns.version:
+                await conn.execute(m.sql)
+        await conn.execute("INSERT INTO pgfleet.limits (name, concurrency) VALUES ('sms', 2)")
+        rows: list[tuple[Any, ...]] = [
+            # (name, limit_key, priority, seconds ago, status, limited)
+            ("export", "a", 0, 10, "queued", True),
+            ("export", "a", 0, 30, "queued", True),
+            ("export", "b", 0, 20, "queued", True),
+            ("export", "a", -1, 5, "queued", True),
+            ("export", "a", 0, 40, "running", True),
+            ("sms", None, 0, 1, "queued", True),
+            ("sms", None, 0, 2, "queued", True),
+            ("free", None, 0, 3, "queued", False),
+        ]
+        ids = [uuid.uuid4() for _ in rows]
+        for job_id, (name, key, priority, ago, status, limited) in zip(ids, rows, strict=True):
+            await conn.execute(
+                "INSERT INTO pgfleet.jobs (id, name, payload, max_attempts, limit_key,"
+                " priority, run_at, status, limited, locked_by, lock_token)"
+                " VALUES ($1, $2, '{}', 3, $3, $4, now() - make_interval(secs => $5::float8),"
+                " $6::text::pgfleet.job_status, $7,"
+                " CASE WHEN $6::text = 'running' THEN gen_random_uuid() END,"
+                " CASE WHEN $6::text = 'running' THEN gen_random_uuid() END)",
+                job_id,
+                name,
+                key,
+                priority,
+                ago,
+                status,
+                limited,
+            )
+        await conn.execute(turns.sql)
+        got = {r["id"]: r["turn"] for r in await conn.fetch("SELECT id, turn FROM pgfleet.jobs")}
+        assert [got[i] for i in ids] == [1, 0, 0, 0, None, 1, 0, None]
+    finally:
+        await conn.close()
