@@ -62,11 +62,16 @@ LEFT JOIN base b ON b.name = t.name;
 
 -- name: job_insert_many :exec
 -- $9: the enqueue's trace context (JSON text) for every job, or NULL; $10: limit keys.
--- Flagged jobs get their turns here, each key's numbered from its next turn in
--- batch order (0017; '' stands for no key: a limit key is never empty).
+-- Flagged jobs due now get their turns here, each key's numbered from its next
+-- turn in batch order (0017; '' stands for no key: a limit key is never empty); a
+-- scheduled one gets none (it goes first when due).
 WITH t AS (
-    SELECT u.*, u.limit_key IS NOT NULL OR u.queue_name IS NOT NULL
-                OR u.name IN (SELECT l.name FROM pgfleet.limits l) AS flagged
+    SELECT u.*, (u.limit_key IS NOT NULL OR u.queue_name IS NOT NULL
+                 OR u.name IN (SELECT l.name FROM pgfleet.limits l))
+                AND COALESCE(u.run_at, now() + make_interval(secs => u.delay)) <= now()
+                AS numbered,
+           u.limit_key IS NOT NULL OR u.queue_name IS NOT NULL
+           OR u.name IN (SELECT l.name FROM pgfleet.limits l) AS flagged
     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::integer[], $6::text[],
                 $7::timestamptz[], $8::float8[], $10::text[])
          WITH ORDINALITY AS u(id, name, payload, priority, max_attempts, queue_name, run_at,
@@ -94,14 +99,16 @@ WITH t AS (
                          LIMIT 1) END,
                     0) AS turn
     FROM (SELECT DISTINCT t.name, t.limit_key, COALESCE(t.limit_key, '') AS k, t.priority
-          FROM t WHERE t.flagged) g
+          FROM t WHERE t.numbered) g
 )
 INSERT INTO pgfleet.jobs (id, name, payload, priority, max_attempts, queue_name, run_at,
                           trace_context, limit_key, limited, turn)
 SELECT t.id, t.name, t.payload::jsonb, t.priority, t.max_attempts, t.queue_name,
        COALESCE(t.run_at, now() + make_interval(secs => t.delay)), $9::text::jsonb,
        t.limit_key, t.flagged,
-       b.turn + row_number() OVER (PARTITION BY t.name, b.k, t.priority ORDER BY t.ord) - 1
+       CASE WHEN t.numbered THEN
+           b.turn + row_number() OVER (PARTITION BY t.numbered, t.name, b.k, t.priority
+                                       ORDER BY t.ord) - 1 END
 FROM t LEFT JOIN base b
     ON b.name = t.name AND b.k = COALESCE(t.limit_key, '') AND b.priority = t.priority;
 
@@ -297,8 +304,11 @@ WHERE id = $1 AND status IN ('failed', 'cancelled')
 RETURNING *;
 
 -- name: job_reschedule :one
+-- A flagged job moved later gives up its turn (it goes first when due: 0017).
 UPDATE pgfleet.jobs
-SET run_at = COALESCE($2::timestamptz, now() + make_interval(secs => $3::float8))
+SET run_at = COALESCE($2::timestamptz, now() + make_interval(secs => $3::float8)),
+    turn = CASE WHEN COALESCE($2::timestamptz, now() + make_interval(secs => $3::float8))
+                     <= now() THEN turn END
 WHERE id = $1 AND status = 'queued'
 RETURNING *, run_at <= now() AS due;
 
@@ -640,6 +650,9 @@ WITH outcome AS (
         -- snoozed one is not counted either, and runs again after its delay.
         run_at = CASE WHEN o.action IN ('retry', 'snooze')
                       THEN now() + make_interval(secs => o.delay) ELSE j.run_at END,
+        -- Waiting out a delay, a flagged job has no turn: when due, it goes first
+        -- (0017's jobs_flow_scheduled), and no claim walks past it meanwhile.
+        turn = CASE WHEN o.action IN ('retry', 'snooze') THEN NULL ELSE j.turn END,
         attempt = CASE WHEN o.action IN ('aborted', 'snooze') THEN greatest(j.attempt - 1, 0)
                        ELSE j.attempt END,
         snoozes = CASE WHEN o.action = 'snooze' THEN COALESCE(j.snoozes, 0) + 1 ELSE j.snoozes END,

@@ -4,12 +4,15 @@ numbering of jobs queued before the migration."""
 
 from __future__ import annotations
 
+import datetime as dt
 import uuid
 from typing import Any
 
 import asyncpg
 
-from pgfleet import EnqueueOptions, EnqueueRequest, Queue, migrations
+from pgfleet import EnqueueOptions, EnqueueRequest, Job, Queue, Registry, WorkerConfig, migrations
+from tests.integration.conftest import FAST, Recorder, running_worker
+from tools.devkit import until
 
 CLAIM = (
     "SELECT id, limit_key, priority, turn FROM pgfleet.claim_flow(gen_random_uuid(),"
@@ -166,3 +169,58 @@ async def test_the_migration_numbers_the_queued_flagged_jobs_by_key_in_run_at_or
         assert [got[i] for i in ids] == [1, 0, 0, 0, None, 1, 0, None]
     finally:
         await conn.close()
+
+
+async def test_a_job_waiting_out_a_delay_has_no_turn_and_goes_first_when_due(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    now = await pool.fetchval("SELECT now()")
+    backlog = await queue.enqueue_many([_keyed("export", "big") for _ in range(3)])
+    # Scheduled: by delay, by run_at, in a batch and alone; none takes a turn.
+    later = await queue.enqueue_many(
+        [_keyed("export", "late", delay=3600), _keyed("export", "big", delay=3600)]
+    )
+    alone = await queue.enqueue(
+        "export", {}, options=EnqueueOptions(limit_key="x", run_at=now + dt.timedelta(hours=1))
+    )
+    assert await _turns(pool, [*later, alone]) == [None, None, None]
+    # Their time comes: the first claim takes them before the keys' turns.
+    await pool.execute(
+        "UPDATE pgfleet.jobs SET run_at = now() - interval '1 s' WHERE id = ANY ($1::uuid[])",
+        [*later, alone],
+    )
+    first = {r["id"] for r in await pool.fetch(CLAIM, "export", 3)}
+    assert first == {*later, alone}
+    assert {r["id"] for r in await pool.fetch(CLAIM, "export", 9)} == set(backlog)
+
+
+async def test_a_job_moved_later_gives_up_its_turn(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    ids = await queue.enqueue_many([_keyed("export", "a") for _ in range(2)])
+    await queue.reschedule(ids[0], delay=3600)
+    await queue.reschedule(ids[1], delay=0)
+    assert await _turns(pool, ids) == [None, 1]
+
+
+async def test_a_retried_job_gives_up_its_turn_until_due(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+    job_id = await queue.enqueue("flaky", {}, options=EnqueueOptions(limit_key="a"))
+    assert await _turns(pool, [job_id]) == [0]
+    registry = Registry()
+
+    @registry.job("flaky")
+    async def flaky(job: Job) -> None:
+        raise RuntimeError("the provider is down")
+
+    config = WorkerConfig(backoff_base=3600, backoff_jitter=0, **FAST)
+    async with running_worker(pool, registry, config, Recorder()):
+
+        async def retried() -> bool | None:
+            row = await pool.fetchrow(
+                "SELECT status::text, attempt, turn FROM pgfleet.jobs WHERE id = $1", job_id
+            )
+            return True if row and row["status"] == "queued" and row["attempt"] == 1 else None
+
+        await until(retried, 30, "the first attempt's retry")
+    assert await _turns(pool, [job_id]) == [None]

@@ -42,6 +42,7 @@ EXPECTED_INDEXES = {
     "jobs_free",
     "jobs_flow_queued",
     "jobs_flow_turns",  # 0017: a name's flagged jobs in claim order
+    "jobs_flow_scheduled",  # 0017: those without a turn, by run time
     "jobs_limited_running",
     "jobs_parents_unsettled",  # 0014: finished parents until their statement's trigger
 }
@@ -77,6 +78,7 @@ async def test_migrate_builds_the_expected_schema(pool: asyncpg.Pool) -> None:
         "jobs_free",
         "jobs_flow_queued",
         "jobs_flow_turns",
+        "jobs_flow_scheduled",
         "jobs_limited_running",
     ):
         assert " WHERE " in indexes[name], name

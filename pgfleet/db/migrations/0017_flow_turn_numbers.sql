@@ -20,9 +20,12 @@
 -- scan would walk every job of the keys at their limit. Its keys' heads are now
 -- found in turn order too.
 --
--- A job inserted without a turn (by hand, or flagged when its name got a limit)
--- has none: it sorts first in its priority, as the oldest. Queued flagged jobs
--- get turns here, numbered within their key and priority in run_at order.
+-- A job that is not due when it is enqueued, a retried or snoozed one, one moved
+-- later, and one inserted without a turn (by hand, or flagged when its name got a
+-- limit) has none: once due it goes first in its priority, as the oldest work, and
+-- until then no claim walks past it (it is not in jobs_flow_turns). Queued flagged
+-- jobs that are due get turns here, numbered within their key and priority in
+-- run_at order.
 --
 -- What it locks: the new column is nullable without a default (no rewrite, on
 -- pgfleet.jobs and every history partition); the two index builds take SHARE on
@@ -49,9 +52,13 @@ CREATE TABLE pgfleet.flow_fronts (
     PRIMARY KEY (name, priority)
 );
 
--- The claim order of a name's flagged jobs (claim_flow), and its front.
-CREATE INDEX jobs_flow_turns ON pgfleet.jobs (name, priority, turn NULLS FIRST, run_at, id)
-    WHERE status = 'queued' AND limited;
+-- The claim order of a name's flagged jobs that have turns (claim_flow), and its front.
+CREATE INDEX jobs_flow_turns ON pgfleet.jobs (name, priority, turn, run_at, id)
+    WHERE status = 'queued' AND limited AND turn IS NOT NULL;
+-- A name's flagged jobs without a turn (scheduled, retried, snoozed, or inserted
+-- without one), by run time: a claim reads only the due ones.
+CREATE INDEX jobs_flow_scheduled ON pgfleet.jobs (name, run_at)
+    WHERE status = 'queued' AND limited AND turn IS NULL;
 -- A key's jobs: its last turn (the insert trigger), its head (a per-key claim),
 -- whether it has any (the rate pace).
 DROP INDEX pgfleet.jobs_flow_queued;
@@ -61,7 +68,7 @@ CREATE INDEX jobs_flow_queued ON pgfleet.jobs (name, limit_key, priority, turn N
 UPDATE pgfleet.jobs j SET turn = n.turn
 FROM (SELECT q.id, row_number() OVER (PARTITION BY q.name, q.limit_key, q.priority
                                       ORDER BY q.run_at, q.id) - 1 AS turn
-      FROM pgfleet.jobs q WHERE q.status = 'queued' AND q.limited) n
+      FROM pgfleet.jobs q WHERE q.status = 'queued' AND q.limited AND q.run_at <= now()) n
 WHERE j.id = n.id;
 
 -- The next turn of key p_key (NULL: the jobs without a key) of name p_name at
@@ -99,7 +106,9 @@ $fn$;
 CREATE FUNCTION pgfleet.jobs_number_turn() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
-    NEW.turn := pgfleet.next_turn(NEW.name, NEW.limit_key, NEW.priority);
+    IF NEW.run_at <= now() THEN
+        NEW.turn := pgfleet.next_turn(NEW.name, NEW.limit_key, NEW.priority);
+    END IF;
     RETURN NEW;
 END;
 $fn$;
@@ -200,30 +209,59 @@ BEGIN
         CONTINUE WHEN cap <= 0;
         IF NOT f.per_key THEN
             -- Keys take turns by number (0017): the name's due jobs in claim
-            -- order, from one range of jobs_flow_turns.
-            WITH pick AS MATERIALIZED (
+            -- order, from one range of jobs_flow_turns (and jobs_flow_scheduled).
+            -- Due jobs without a turn (their time came: they go first in their
+            -- priority), then the jobs with turns; each side locks at most cap.
+            WITH due AS MATERIALIZED (
+                SELECT c.id, c.priority, 0 AS side, 0::bigint AS turn, c.run_at
+                  FROM pgfleet.jobs c
+                  WHERE c.status = 'queued' AND c.limited AND c.turn IS NULL
+                    AND c.name = f.name AND c.run_at <= now()
+                    AND (p_queues IS NULL OR c.queue_name = ANY (p_queues))
+                    AND (c.queue_name IS NULL OR (
+                         c.queue_name <> ALL (freed)
+                         AND NOT EXISTS (SELECT 1 FROM pgfleet.queue_pauses qp
+                                     WHERE qp.queue_name = c.queue_name)
+                         AND NOT EXISTS (SELECT 1 FROM pgfleet.jobs r
+                                         WHERE r.queue_name = c.queue_name
+                                           AND r.status = 'running')
+                         -- one job per named queue: its head, and none running
+                         AND c.id = (SELECT hq.id FROM pgfleet.jobs hq
+                                     WHERE hq.queue_name = c.queue_name AND hq.status = 'queued'
+                                       AND hq.run_at <= now()
+                                     ORDER BY hq.priority, hq.run_at, hq.id LIMIT 1)
+                         -- and no other claim of the queue under way
+                         AND pg_try_advisory_xact_lock(1885824625, hashtext(c.queue_name))))
+                  ORDER BY c.priority, c.run_at, c.id
+                  LIMIT cap
+                  FOR UPDATE SKIP LOCKED
+            ), turns AS MATERIALIZED (
+                SELECT c.id, c.priority, 1 AS side, c.turn, c.run_at FROM pgfleet.jobs c
+                  WHERE c.status = 'queued' AND c.limited AND c.turn IS NOT NULL
+                    AND c.name = f.name AND c.run_at <= now()
+                    AND (p_queues IS NULL OR c.queue_name = ANY (p_queues))
+                    AND (c.queue_name IS NULL OR (
+                         c.queue_name <> ALL (freed)
+                         AND NOT EXISTS (SELECT 1 FROM pgfleet.queue_pauses qp
+                                     WHERE qp.queue_name = c.queue_name)
+                         AND NOT EXISTS (SELECT 1 FROM pgfleet.jobs r
+                                         WHERE r.queue_name = c.queue_name
+                                           AND r.status = 'running')
+                         -- one job per named queue: its head, and none running
+                         AND c.id = (SELECT hq.id FROM pgfleet.jobs hq
+                                     WHERE hq.queue_name = c.queue_name AND hq.status = 'queued'
+                                       AND hq.run_at <= now()
+                                     ORDER BY hq.priority, hq.run_at, hq.id LIMIT 1)
+                         -- and no other claim of the queue under way
+                         AND pg_try_advisory_xact_lock(1885824625, hashtext(c.queue_name))))
+                  ORDER BY c.priority, c.turn, c.run_at, c.id
+                  LIMIT cap
+                  FOR UPDATE SKIP LOCKED
+            ), pick AS MATERIALIZED (
                 SELECT ARRAY (
-                    SELECT c.id FROM pgfleet.jobs c
-                    WHERE c.status = 'queued' AND c.limited AND c.name = f.name
-                      AND c.run_at <= now()
-                      AND (p_queues IS NULL OR c.queue_name = ANY (p_queues))
-                      AND (c.queue_name IS NULL OR (
-                            c.queue_name <> ALL (freed)
-                            AND NOT EXISTS (SELECT 1 FROM pgfleet.queue_pauses qp
-                                        WHERE qp.queue_name = c.queue_name)
-                            AND NOT EXISTS (SELECT 1 FROM pgfleet.jobs r
-                                            WHERE r.queue_name = c.queue_name
-                                              AND r.status = 'running')
-                            -- one job per named queue: its head, and none running
-                            AND c.id = (SELECT hq.id FROM pgfleet.jobs hq
-                                        WHERE hq.queue_name = c.queue_name AND hq.status = 'queued'
-                                          AND hq.run_at <= now()
-                                        ORDER BY hq.priority, hq.run_at, hq.id LIMIT 1)
-                            -- and no other claim of the queue under way
-                            AND pg_try_advisory_xact_lock(1885824625, hashtext(c.queue_name))))
-                    ORDER BY c.priority, c.turn NULLS FIRST, c.run_at, c.id
-                    LIMIT cap
-                    FOR UPDATE SKIP LOCKED) AS ids
+                    SELECT u.id FROM (SELECT * FROM due UNION ALL SELECT * FROM turns) u
+                    ORDER BY u.priority, u.side, u.turn, u.run_at, u.id
+                    LIMIT cap) AS ids
             ), claimed AS (
                 UPDATE pgfleet.jobs j
                 SET status = 'running', attempt = j.attempt + 1,
