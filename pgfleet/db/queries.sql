@@ -146,7 +146,9 @@ ON CONFLICT (job_key) WHERE job_key IS NOT NULL AND status IN ('queued', 'runnin
     SET name = EXCLUDED.name, payload = EXCLUDED.payload, priority = EXCLUDED.priority,
         max_attempts = EXCLUDED.max_attempts, queue_name = EXCLUDED.queue_name,
         run_at = EXCLUDED.run_at, trace_context = EXCLUDED.trace_context,
-        limit_key = EXCLUDED.limit_key, limited = EXCLUDED.limited
+        limit_key = EXCLUDED.limit_key, limited = EXCLUDED.limited,
+        -- the new run_at's turn (0017's trigger: none when it is not due)
+        turn = EXCLUDED.turn
     WHERE pgfleet.jobs.status = 'queued'
 RETURNING id, job_key;
 
@@ -843,9 +845,14 @@ FROM (
     ) kt
     WHERE (SELECT g.flow FROM gate g)
       AND l.name = ANY($7::text[]) AND l.rate IS NOT NULL AND l.paused_at IS NULL
-      AND (SELECT true FROM pgfleet.jobs j
-           WHERE j.status = 'queued' AND j.limited AND j.name = l.name
-             AND j.run_at <= now() LIMIT 1)
+      -- A due flagged job: one with a turn (due when numbered: 0017), or a due one
+      -- without (each probe reads its own small partial index).
+      AND (EXISTS (SELECT 1 FROM pgfleet.jobs j
+                   WHERE j.status = 'queued' AND j.limited AND j.turn IS NOT NULL
+                     AND j.name = l.name AND j.run_at <= now())
+           OR EXISTS (SELECT 1 FROM pgfleet.jobs j
+                      WHERE j.status = 'queued' AND j.limited AND j.turn IS NULL
+                        AND j.name = l.name AND j.run_at <= now()))
 ) w
 HAVING count(*) > 0
 UNION ALL

@@ -163,9 +163,13 @@ BEGIN
     SELECT u.n FROM unnest(p_names) AS u(n)
     WHERE EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = u.n AND l.paused_at IS NULL)
        OR (NOT EXISTS (SELECT 1 FROM pgfleet.limits l WHERE l.name = u.n)
-           AND EXISTS (SELECT 1 FROM pgfleet.jobs j
-                       WHERE j.status = 'queued' AND j.limited AND j.name = u.n
-                         AND j.run_at <= now()))
+           -- a due flagged job: with a turn (due when numbered), or due without
+           AND (EXISTS (SELECT 1 FROM pgfleet.jobs j
+                        WHERE j.status = 'queued' AND j.limited AND j.turn IS NOT NULL
+                          AND j.name = u.n AND j.run_at <= now())
+                OR EXISTS (SELECT 1 FROM pgfleet.jobs j
+                           WHERE j.status = 'queued' AND j.limited AND j.turn IS NULL
+                             AND j.name = u.n AND j.run_at <= now())))
     ON CONFLICT (name) DO NOTHING;
     FOR f IN
         SELECT t.name, t.last_key, l.concurrency, l.rate, l.per,
