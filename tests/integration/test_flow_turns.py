@@ -10,7 +10,16 @@ from typing import Any
 
 import asyncpg
 
-from pgfleet import EnqueueOptions, EnqueueRequest, Job, Queue, Registry, WorkerConfig, migrations
+from pgfleet import (
+    EnqueueOptions,
+    EnqueueRequest,
+    Job,
+    JobKeyMode,
+    Queue,
+    Registry,
+    WorkerConfig,
+    migrations,
+)
 from tests.integration.conftest import FAST, Recorder, running_worker
 from tools.devkit import until
 
@@ -224,3 +233,22 @@ async def test_a_retried_job_gives_up_its_turn_until_due(pool: asyncpg.Pool) -> 
 
         await until(retried, 30, "the first attempt's retry")
     assert await _turns(pool, [job_id]) == [None]
+
+
+async def test_a_replaced_keyed_job_takes_its_new_run_ats_turn(pool: asyncpg.Pool) -> None:
+    queue = Queue(pool)
+
+    def options(**more: Any) -> EnqueueOptions:
+        return EnqueueOptions(
+            limit_key="a", job_key="digest", job_key_mode=JobKeyMode.REPLACE, **more
+        )
+
+    first = await queue.enqueue("export", {}, options=options())
+    await queue.enqueue("export", {}, options=EnqueueOptions(limit_key="a"))
+    assert await _turns(pool, [first]) == [0]
+    # Debounced to later: no turn until due.
+    assert await queue.enqueue("export", {}, options=options(delay=3600)) == first
+    assert await _turns(pool, [first]) == [None]
+    # Due again: the key's next turn, after its other queued job.
+    assert await queue.enqueue("export", {}, options=options()) == first
+    assert await _turns(pool, [first]) == [2]
