@@ -11,9 +11,8 @@
 -- of the keys ahead of it; a key with a backlog keeps its place behind its own
 -- jobs. Turns carry across claim rounds of any size.
 --
--- Within a key, its jobs of one priority run in the order they were enqueued (a
--- job that is not yet due lets the key's next due job go first). Across keys,
--- priority comes first, as it does for jobs without flow control.
+-- Within a key, its jobs of one priority run in the order they were enqueued.
+-- Across keys, priority comes first, as it does for jobs without flow control.
 --
 -- A name with a per-key limit keeps 0015's claim (one descent per key, starting
 -- after the last key served): it must find the keys with room, and an ordered
@@ -28,7 +27,7 @@
 -- run_at order.
 --
 -- What it locks: the new column is nullable without a default (no rewrite, on
--- pgfleet.jobs and every history partition); the two index builds take SHARE on
+-- pgfleet.jobs and every history partition); the three index builds take SHARE on
 -- pgfleet.jobs (inserts and updates wait; they cover only queued flagged jobs);
 -- the numbering updates the queued flagged jobs (claims skip them while it runs).
 -- Workers of the previous version keep working: their claim_flow is replaced
