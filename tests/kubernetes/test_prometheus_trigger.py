@@ -128,10 +128,28 @@ async def test_prometheus_trigger_queries_see_the_fleets_backlog(
 
         expected = DUE_NOOPS + RUNNING_SLEEPS
 
-        async def slots_seen() -> bool:
-            return await value_of(prom, queries["running-and-due"]) == expected
+        seen: list[float | None] = []
 
-        await eventually(slots_seen, DEADLINE, f"running-and-due to read {expected}")
+        async def slots_seen() -> bool:
+            value = await value_of(prom, queries["running-and-due"])
+            if not seen or seen[-1] != value:
+                seen.append(value)
+            return value == expected
+
+        try:
+            await eventually(slots_seen, DEADLINE, f"running-and-due to read {expected}")
+        except TimeoutError:
+            # What it read instead, and what the fleet reported, for the next reader.
+            parts = {
+                name: await asyncio.to_thread(prom.query, name)
+                for name in (
+                    "pgfleet_jobs_running",
+                    "pgfleet_jobs_queued",
+                    "pgfleet_jobs_waiting_on_limit",
+                    "up",
+                )
+            }
+            raise AssertionError(f"running-and-due read {seen}; series: {parts}") from None
 
         age = await value_of(prom, queries["oldest-due-age"])
         db_age = await pool.fetchval(
