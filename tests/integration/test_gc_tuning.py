@@ -109,6 +109,8 @@ def test_an_applications_own_freeze_is_kept() -> None:
             assert gc.get_threshold()[0] == gc_tuning.YOUNG_THRESHOLD
         finally:
             gc_tuning.release()
-        assert gc.get_freeze_count() >= frozen
+        # Frozen objects that reference counting frees meanwhile leave the count
+        # (a test process frees some at any time): a thaw would leave about none.
+        assert gc.get_freeze_count() > frozen // 2, "the application's freeze was thawed"
     finally:
         gc.unfreeze()
