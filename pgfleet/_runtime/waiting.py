@@ -28,6 +28,9 @@ log = logging.getLogger("pgfleet")
 
 #: Seconds between polls of the waited-for jobs' statuses (the fallback).
 WAIT_POLL_INTERVAL = 1.0
+#: Seconds before marking again a waited-for job whose row was locked (doubled
+#: while it stays locked, up to the poll interval).
+REMARK_DELAY = 0.01
 
 #: The waiters of each pool in use, by the id of the driver's pool (a hub holds
 #: its pool, so the id is not reused while it is here). A hub leaves when its
@@ -89,12 +92,16 @@ class Waiters:
         #: Announced finished by a notification: checked next round.
         self._announced: set[uuid.UUID] = set()
         self._check_all = False
+        #: The wait before marking again the jobs the last round found locked.
+        self._remark = 0.0
         self._kick = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.listener: Listener | None = None
         #: Rounds done, and those that polled every waited-for job (for tests).
         self.rounds = 0
         self.polls = 0
+        #: Rounds that found a waited-for job locked and marked it again later.
+        self.remarks = 0
 
     @property
     def waiting(self) -> int:
@@ -184,11 +191,21 @@ class Waiters:
     async def _round(self, polled: bool) -> None:
         new, self._new = self._new, set()
         try:
-            if new:
-                await self._store.job_await(ids=list(new))
+            skipped = await self._store.job_await(ids=list(new)) if new else []
         except BaseException:
             self._new |= new
             raise
+        skipped = [uid for uid in skipped if uid in self._futures]
+        if skipped:
+            # Locked by a transaction of someone else (a claim round, mostly, for a
+            # few milliseconds): marked again after a short wait, longer each time
+            # the same happens (up to the poll interval), instead of at the next poll.
+            self._new.update(skipped)
+            self._remark = min(self._remark * 2 or REMARK_DELAY, self.poll_interval)
+            self.remarks += 1
+            asyncio.get_running_loop().call_later(self._remark, self._kick.set)
+        else:
+            self._remark = 0.0
         if polled or self._check_all:
             self._check_all = False
             self._announced.clear()

@@ -262,11 +262,25 @@ WITH target AS (
 )
 SELECT t.* FROM target t CROSS JOIN (SELECT count(*) FROM told) n;
 
--- name: job_await :exec
+-- name: job_await :many
 -- Someone waits for these jobs (Queue.wait): finishing them notifies the done
 -- channel. The caller reads their status afterwards, in a snapshot of its own.
-UPDATE pgfleet.jobs SET awaited = true
-WHERE id = ANY($1::uuid[]) AND status IN ('queued', 'running') AND awaited IS NOT TRUE;
+-- A row locked by another transaction is skipped, never waited for: a claim round
+-- holding it may be about to update a row this statement marked (its held jobs
+-- marked started, its outcomes written), and each would wait for the other until
+-- the deadlock detector aborted one. Returns the unfinished jobs left unmarked
+-- (this statement's snapshot): the caller marks them again shortly.
+WITH marked AS (
+    UPDATE pgfleet.jobs j SET awaited = true
+    WHERE j.id IN (SELECT c.id FROM pgfleet.jobs c
+                   WHERE c.id = ANY($1::uuid[]) AND c.status IN ('queued', 'running')
+                     AND c.awaited IS NOT TRUE
+                   FOR UPDATE SKIP LOCKED)
+    RETURNING j.id
+)
+SELECT c.id FROM pgfleet.jobs c
+WHERE c.id = ANY($1::uuid[]) AND c.status IN ('queued', 'running') AND c.awaited IS NOT TRUE
+  AND c.id NOT IN (SELECT m.id FROM marked m);
 
 -- name: job_get_many :many
 SELECT * FROM pgfleet.jobs_all WHERE id = ANY($1::uuid[]);

@@ -276,10 +276,12 @@ class Store:
         (:func:`plans.cancel_steps`)."""
         return await self.run_plan(cancel_steps(job_id, by), _CANCEL)
 
-    async def job_await(self, *, ids: Sequence[UUID]) -> None:
-        """Mark the unfinished jobs among ``ids`` as waited for: their end notifies."""
+    async def job_await(self, *, ids: Sequence[UUID]) -> list[UUID]:
+        """Mark the unfinished jobs among ``ids`` as waited for: their end notifies.
+        Returns those it could not mark now (locked by another transaction)."""
         with _WAIT:
-            await self.db.execute(Q.job_await.sql, ids)
+            rows = await self.db.fetch(Q.job_await.sql, ids)
+        return [r["id"] for r in rows]
 
     async def job_get_many(self, *, ids: Sequence[UUID]) -> list[Job]:
         with _WAIT:

@@ -34,6 +34,7 @@ from pgfleet import (
     WorkerConfig,
 )
 from pgfleet._runtime.waiting import waiting_now
+from pgfleet.db.store import Store
 from pgfleet.service.metrics import ProcessMetrics, render
 from tests.helpers import put_in_state, register_worker
 from tests.integration.conftest import FAST, Recorder, running_worker
@@ -189,6 +190,65 @@ async def test_a_waiter_returns_by_polling_when_no_notification_comes(pool: asyn
     )
     job = await waiter
     assert job.status is JobStatus.SUCCEEDED and queue.waiters.polls >= 1
+
+
+async def test_marking_jobs_waited_for_skips_a_locked_row_instead_of_deadlocking(
+    pool: asyncpg.Pool,
+) -> None:
+    """A claim round holds a job's row and then updates another (its held jobs
+    marked started): a mark of both that waited for the first while holding the
+    second would deadlock with it. The mark skips the locked row and says so."""
+    queue = Queue(pool)
+    first, second = sorted(await queue.enqueue_many([EnqueueRequest("nobody", None)] * 2))
+    async with pool.acquire() as round_conn:
+        round_tx = round_conn.transaction()
+        await round_tx.start()
+        await round_conn.execute("SELECT 1 FROM pgfleet.jobs WHERE id = $1 FOR UPDATE", second)
+        skipped = await asyncio.wait_for(Store(pool).job_await(ids=[first, second]), 30)
+        assert skipped == [second]
+        # The round goes on to a row the mark took: nothing stands in its way.
+        await asyncio.wait_for(
+            round_conn.execute("UPDATE pgfleet.jobs SET priority = 1 WHERE id = $1", first), 30
+        )
+        await round_tx.commit()
+    marked = await pool.fetch(
+        "SELECT id, awaited FROM pgfleet.jobs WHERE id = ANY($1::uuid[]) ORDER BY id",
+        [first, second],
+    )
+    assert [(r["id"], r["awaited"]) for r in marked] == [(first, True), (second, None)]
+    assert await Store(pool).job_await(ids=[first, second]) == []
+
+
+async def test_a_waiter_marks_a_job_found_locked_again_and_is_told_of_its_end(
+    pool: asyncpg.Pool,
+) -> None:
+    queue = Queue(pool)
+    registry = Registry()
+
+    @registry.job("echo")
+    async def echo(job: Job, payload: int) -> int:
+        return payload
+
+    job_id = await queue.enqueue("echo", 7)
+    async with pool.acquire() as holder:
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("SELECT 1 FROM pgfleet.jobs WHERE id = $1 FOR UPDATE", job_id)
+        waiter = asyncio.ensure_future(queue.wait(job_id, timeout=120))
+        await asyncio.sleep(0)
+        waiters = queue.waiters
+        assert waiters is not None
+        # No poll in this test: only the mark made again tells the waiter.
+        waiters.poll_interval = 600
+        while waiters.remarks < 2:
+            await asyncio.sleep(0.01)
+        assert not await pool.fetchval("SELECT awaited FROM pgfleet.jobs WHERE id = $1", job_id)
+        await tx.commit()
+    while not await pool.fetchval("SELECT awaited FROM pgfleet.jobs WHERE id = $1", job_id):
+        await asyncio.sleep(0.01)
+    async with running_worker(pool, registry, WorkerConfig(concurrency=2, **FAST)):
+        job = await waiter
+    assert job.result == 7 and waiters.polls == 0
 
 
 async def test_five_thousand_waiters_share_one_listening_connection(
