@@ -63,6 +63,9 @@ def _config(concurrency: int) -> WorkerConfig:
 async def _reset(pool: asyncpg.Pool) -> None:
     await pool.execute(rawsql.RESET)
     await pool.execute(FLOW_RESET)
+    # Turn numbers start again from 0 (flow_fronts: 0017; older schemas lack it).
+    if await pool.fetchval("SELECT to_regclass('pgfleet.flow_fronts') IS NOT NULL"):
+        await pool.execute("TRUNCATE pgfleet.flow_fronts")
 
 
 async def _fill(
