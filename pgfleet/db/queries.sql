@@ -632,9 +632,13 @@ WITH outcome AS (
     SELECT o.id, o.token,
            CASE WHEN o.action = 'remove' THEN 'succeeded' ELSE o.action END AS action,
            o.action = 'remove' AS remove, o.delay, o.error, o.ran, o.result
-    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                $12::float8[], $13::text[])
-        AS o(id, token, action, delay, error, ran, result)
+    -- $3 holds one action when every outcome has it (unnest pads the other rows'
+    -- with NULL); $4, $5, $12 or $13 are NULL when every outcome's is.
+    FROM (SELECT u.id, u.token, COALESCE(u.action, ($3::text[])[1]) AS action, u.delay,
+                 u.error, u.ran, u.result
+          FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                      $12::float8[], $13::text[])
+              AS u(id, token, action, delay, error, ran, result)) o
 ), gone AS (
     -- Removed at completion: a succeeded job nobody waits for (awaited), outside
     -- every workflow (no children to release, no parents: its batch and edges stay
@@ -646,7 +650,8 @@ WITH outcome AS (
     DELETE FROM pgfleet.jobs j
     USING unnest($1::uuid[], $2::uuid[], $3::text[], $13::text[]) AS o(id, token, action, result)
     WHERE 'remove' = ANY ($3::text[])
-      AND o.action = 'remove' AND j.id = o.id AND j.lock_token = o.token
+      AND COALESCE(o.action, ($3::text[])[1]) = 'remove' AND j.id = o.id
+      AND j.lock_token = o.token
       AND j.awaited IS NOT TRUE AND j.has_children IS NULL AND j.waiting_on IS NULL
       AND j.cancel_requested_at IS NULL AND o.result IS NULL
     RETURNING j.id, (j.queue_name IS NOT NULL OR j.limited) AS frees, false AS told

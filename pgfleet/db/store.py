@@ -47,7 +47,24 @@ __all__ = [
     "is_connection_error",
 ]
 
+
 # One translator per operation, made once: they hold nothing but the label.
+def _sparse(values: Sequence[Any]) -> Sequence[Any] | None:
+    """``values``, or None when every one is None (a round of plain successes has
+    no delays, errors or results): the claim statement's unnest pads a NULL array
+    with NULLs, so both read the same, and the driver need not check and encode a
+    NULL element per job (about 0.2 µs each)."""
+    return None if values.count(None) == len(values) else values
+
+
+def _uniform(values: Sequence[Any]) -> Sequence[Any]:
+    """``values``, or only the first when all are equal (the claim statement reads
+    it for every row: see ``_sparse``)."""
+    if values and values.count(values[0]) == len(values):
+        return values[:1]
+    return values
+
+
 _ENQUEUE = translate_errors("enqueue")
 _ENQUEUE_MANY = translate_errors("enqueue_many")
 _GET = translate_errors("get")
@@ -521,7 +538,7 @@ class Store:
         ids: Sequence[UUID],
         tokens: Sequence[UUID | None],
         actions: Sequence[str],
-        delays: Sequence[float],
+        delays: Sequence[float | None],
         errors: Sequence[str | None],
         ran: Sequence[float | None],
         results: Sequence[str | None],
@@ -548,17 +565,17 @@ class Store:
             query.sql,
             ids,
             tokens,
-            actions,
-            delays,
-            errors,
+            _uniform(actions),
+            _sparse(delays),
+            _sparse(errors),
             worker_id,
             job_names,
             queue_names,
             limit,
             start,
             started,
-            ran,
-            results,
+            _sparse(ran),
+            _sparse(results),
         )
 
     async def job_next_due(
