@@ -21,19 +21,24 @@ help: ## list the targets
 # Every install path installs a lock file (requirements/*.lock: exact versions and
 # the hashes of their files; `make lock` regenerates them), then pgfleet itself
 # without dependencies and with the locked setuptools (no build isolation, so no
-# unpinned download either).
+# unpinned download either). --no-deps: the lock is the whole resolution, so pip
+# resolves nothing (its resolver, asked for a locked package with an extra, may
+# pick a newer release than the lock's and refuse it as unpinned); pip check then
+# proves the lock complete.
 $(VENV)/.installed: pyproject.toml requirements/dev.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --require-hashes -r requirements/dev.lock
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/dev.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $@ $(VENV)/.fleet-installed
 
 # The native fleet needs only the service and embedded extras: a first `make fleet`
 # does not wait for the test and load-test dependencies (a quarter of the download).
 $(VENV)/.fleet-installed: pyproject.toml requirements/fleet.lock requirements/build.lock
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --require-hashes -r requirements/fleet.lock -r requirements/build.lock
+	$(PY) -m pip install --quiet --require-hashes --no-deps -r requirements/fleet.lock -r requirements/build.lock
 	$(PY) -m pip install --quiet --no-deps --no-build-isolation -e .
+	$(PY) -m pip check
 	touch $@
 
 venv: $(VENV)/.installed ## create .venv with everything the tests need

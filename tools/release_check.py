@@ -75,10 +75,8 @@ def install(wheel: Path, venv: Path) -> Path:
     # wheel with its extras and no index: its metadata must be satisfied by exactly
     # what was locked, and nothing unpinned is downloaded.
     lock = ROOT / "requirements" / "release.lock"
-    run(
-        [str(bin_dir / "pip"), "install", "--quiet", "--require-hashes", "-r", str(lock)],
-        cwd=venv.parent,
-    )
+    locked = ["install", "--quiet", "--require-hashes", "--no-deps", "-r", str(lock)]
+    run([str(bin_dir / "pip"), *locked], cwd=venv.parent)
     run(
         [str(bin_dir / "pip"), "install", "--quiet", "--no-index", f"{wheel}[{EXTRAS}]"],
         cwd=venv.parent,

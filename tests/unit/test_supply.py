@@ -118,11 +118,15 @@ def test_every_install_path_installs_a_lock_with_hashes() -> None:
         installs = [line for line in recipe.splitlines() if "pip install" in line]
         assert installs, target
         for line in installs:
-            assert "--require-hashes -r requirements/" in line or "--no-deps" in line, line
+            # A lock is installed as it is (hashes checked, nothing resolved); pgfleet
+            # itself without dependencies.
+            assert "--no-deps" in line, line
+            assert "--require-hashes --no-deps -r requirements/" in line or "-e ." in line, line
+        assert "pip check" in recipe, "the lock must be proven complete"
         assert "--no-build-isolation" in recipe, "setuptools comes from the lock too"
     ci = (ROOT / ".ci" / "run").read_text()
     assert "tools.supply audit" in ci or "make audit" in ci
     # The release check installs the locked dependencies, then the wheel from no index.
     release = (ROOT / "tools" / "release_check.py").read_text()
-    assert '"--require-hashes", "-r", str(lock)' in release and '"--no-index"' in release
+    assert '"--require-hashes", "--no-deps", "-r"' in release and '"--no-index"' in release
     assert '"build", "--no-isolation"' in release
