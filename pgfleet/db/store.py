@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 
-# One translator per operation, made once: they hold nothing but the label.
 def _sparse(values: Sequence[Any]) -> Sequence[Any] | None:
     """``values``, or None when every one is None (a round of plain successes has
     no delays, errors or results): the claim statement's unnest pads a NULL array
@@ -65,6 +64,7 @@ def _uniform(values: Sequence[Any]) -> Sequence[Any]:
     return values
 
 
+# One translator per operation, made once: they hold nothing but the label.
 _ENQUEUE = translate_errors("enqueue")
 _ENQUEUE_MANY = translate_errors("enqueue_many")
 _GET = translate_errors("get")
