@@ -224,7 +224,8 @@ async def suite_flow(bench: Any, dsn: str) -> None:
         ),
     }
     for key, (title, ref) in titles.items():
-        bench.add(Result(key, "jobs/s", runs[key], reference=ref, extra={"title": title}))
+        extra = {"title": title, "paired": ref is not None}
+        bench.add(Result(key, "jobs/s", runs[key], reference=ref, extra=extra))
     bench.add(
         Result(
             "flow fairness rounds c64",

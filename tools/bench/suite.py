@@ -804,11 +804,18 @@ def _report(bench: Bench) -> dict[str, Any]:
     rows = []
     print("\nsummary (medians)")
     for r in bench.results:
-        ratio = None
+        ratio = paired = None
         if r.reference and r.reference in by_name:
-            ratio = r.median / by_name[r.reference].median
+            ref = by_name[r.reference]
+            ratio = r.median / ref.median
+            if r.extra.get("paired") and len(r.runs) == len(ref.runs):
+                # Measured in turn with its reference, repeat by repeat: the median
+                # of each repeat's ratio moves less with a noisy machine's load.
+                paired = statistics.median(a / b for a, b in zip(r.runs, ref.runs, strict=True))
         title = r.extra.get("title", r.name)
         tail = f"  {ratio:6.0%} of {r.reference}" if ratio is not None else ""
+        if paired is not None:
+            tail += f" (each repeat's ratio: median {paired:.0%})"
         digits = 2 if r.unit == "ms" else 0
         print(f"  {title:<48} {r.median:>11,.{digits}f} {r.unit}{tail}{_cpu_text(r)}")
         rows.append(
@@ -820,7 +827,8 @@ def _report(bench: Bench) -> dict[str, Any]:
                 "runs": r.runs,
                 "reference": r.reference,
                 "ratio": ratio,
-                **{k: v for k, v in r.extra.items() if k != "title"},
+                "paired_ratio": paired,
+                **{k: v for k, v in r.extra.items() if k not in ("title", "paired")},
             }
         )
     return {
