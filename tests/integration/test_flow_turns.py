@@ -252,3 +252,36 @@ async def test_a_replaced_keyed_job_takes_its_new_run_ats_turn(pool: asyncpg.Poo
     # Due again: the key's next turn, after its other queued job.
     assert await queue.enqueue("export", {}, options=options()) == first
     assert await _turns(pool, [first]) == [2]
+
+
+async def _index_reads(pool: asyncpg.Pool, index: str) -> int:
+    value = await pool.fetchval(
+        "SELECT idx_tup_read FROM pg_stat_user_indexes WHERE schemaname = 'pgfleet'"
+        " AND indexrelname = $1",
+        index,
+    )
+    return int(value)
+
+
+async def test_a_limited_names_claim_reads_none_of_the_other_queued_jobs(
+    pool: asyncpg.Pool,
+) -> None:
+    # A limited backlog beside as many unflagged jobs, analyzed as the leader's
+    # VACUUM (ANALYZE) would: most queued jobs have no turn, which made a plan read
+    # the runnable index (every queued job) to find the limited name's due jobs
+    # without one (0018).
+    queue = Queue(pool)
+    await queue.set_limits("export", concurrency=1000)
+    await queue.enqueue_many([EnqueueRequest("export", {}) for _ in range(2000)])
+    await queue.enqueue_many([EnqueueRequest("free", {}) for _ in range(2000)])
+    await pool.execute("ANALYZE pgfleet.jobs")
+    async with pool.acquire() as conn:
+        before = await _index_reads(pool, "jobs_runnable")
+        # Past plpgsql's first five custom plans, to its generic one.
+        for _ in range(8):
+            assert len(await conn.fetch(CLAIM, "export", 10)) == 10
+        # Pending statistics reach shared memory as this backend goes idle.
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+    after = await _index_reads(pool, "jobs_runnable")
+    # Without the claim-order index: 8 claims x 4,000 entries.
+    assert after - before < 500

@@ -42,7 +42,7 @@ EXPECTED_INDEXES = {
     "jobs_free",
     "jobs_flow_queued",
     "jobs_flow_turns",  # 0017: a name's flagged jobs in claim order
-    "jobs_flow_scheduled",  # 0017: those without a turn, by run time
+    "jobs_flow_scheduled",  # 0018: those without a turn, in claim order
     "jobs_limited_running",
     "jobs_parents_unsettled",  # 0014: finished parents until their statement's trigger
 }
