@@ -633,11 +633,14 @@ WITH outcome AS (
            CASE WHEN o.action = 'remove' THEN 'succeeded' ELSE o.action END AS action,
            o.action = 'remove' AS remove, o.delay, o.error, o.ran, o.result
     -- $3 holds one action when every outcome has it (unnest pads the other rows'
-    -- with NULL); $4, $5, $12 or $13 are NULL when every outcome's is.
+    -- with NULL); $4, $5, $12 or $13 are NULL when every outcome's is. $13 is the
+    -- results as one text, U+001E between them (JSON text as the worker encodes
+    -- it never holds one), empty for an outcome without: one parameter instead of
+    -- an array the driver checks and copies element by element.
     FROM (SELECT u.id, u.token, COALESCE(u.action, ($3::text[])[1]) AS action, u.delay,
                  u.error, u.ran, u.result
           FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
-                      $12::float8[], $13::text[])
+                      $12::float8[], string_to_array($13::text, E'\x1e', ''))
               AS u(id, token, action, delay, error, ran, result)) o
 ), gone AS (
     -- Removed at completion: a succeeded job nobody waits for (awaited), outside
@@ -648,7 +651,8 @@ WITH outcome AS (
     -- name it frees is work for someone now.
     -- Not from outcome (read once, it is inlined); a one-time test skips it.
     DELETE FROM pgfleet.jobs j
-    USING unnest($1::uuid[], $2::uuid[], $3::text[], $13::text[]) AS o(id, token, action, result)
+    USING unnest($1::uuid[], $2::uuid[], $3::text[], string_to_array($13::text, E'\x1e', ''))
+        AS o(id, token, action, result)
     WHERE 'remove' = ANY ($3::text[])
       AND COALESCE(o.action, ($3::text[])[1]) = 'remove' AND j.id = o.id
       AND j.lock_token = o.token
@@ -745,7 +749,7 @@ FROM finished d CROSS JOIN (SELECT count(*) FROM wake) w CROSS JOIN (SELECT coun
 -- The claim loop's one round trip: write the outcomes of finished handlers (only
 -- where the claim's lock token still matches: a rescued or operator-released job
 -- keeps its new state; $12: seconds since the handler started, for a held job that
--- no round marked started; $13: a succeeded handler's result, JSON text), mark started the held jobs ($11) the worker started
+-- no round marked started; $13: the succeeded handlers' results, JSON text), mark started the held jobs ($11) the worker started
 -- since its last round, and claim up to $9 due jobs this worker serves, in priority then
 -- run_at order (a named queue's jobs, one at a time, through claim_flow with the
 -- other flagged jobs). The first $10 claimed start now; the rest are held ahead (prefetch)

@@ -56,6 +56,24 @@ def _sparse(values: Sequence[Any]) -> Sequence[Any] | None:
     return None if values.count(None) == len(values) else values
 
 
+#: Between a round's results in the one text that carries them: JSON text as
+#: ``encode_result`` writes it never holds it (control characters in strings are
+#: escaped), and an empty field is an outcome without a result.
+RESULT_SEPARATOR = "\x1e"
+
+
+def _joined(results: Sequence[str | None]) -> str | None:
+    """A round's results as one text (None when no outcome has one), split again by
+    the claim statement: the driver checks and copies an array element by element,
+    and a round of 500 results of 1 KiB cost it about 2 µs each instead of 0.5."""
+    if results.count(None) == len(results):
+        return None
+    text = RESULT_SEPARATOR.join("" if r is None else r for r in results)
+    if text.count(RESULT_SEPARATOR) != len(results) - 1:
+        raise ValueError("a result's JSON text holds U+001E, which separates results")
+    return text
+
+
 def _uniform(values: Sequence[Any]) -> Sequence[Any]:
     """``values``, or only the first when all are equal (the claim statement reads
     it for every row: see ``_sparse``)."""
@@ -575,7 +593,7 @@ class Store:
             start,
             started,
             _sparse(ran),
-            _sparse(results),
+            _joined(results),
         )
 
     async def job_next_due(

@@ -1,9 +1,11 @@
 """The claim round's outcome arrays as the store sends them: an action shared by
-every outcome goes once, and delays, errors, ran times or results that no outcome
-has go as NULL. Each job must still be written as its own outcome says."""
+every outcome goes once, delays, errors, ran times or results that no outcome has
+go as NULL, and the results as one text. Each job must still be written as its own
+outcome says."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -12,6 +14,7 @@ import pytest
 
 from pgfleet import EnqueueRequest, Queue
 from pgfleet.db.store import Store
+from pgfleet.payloads import encode_result
 
 
 async def _round(
@@ -110,3 +113,46 @@ async def test_a_round_of_removals_deletes_each_job_it_names(pool: asyncpg.Pool)
         "SELECT count(*) FROM pgfleet.jobs WHERE id = ANY($1::uuid[])", [i for i, _ in claimed]
     )
     assert left == 0
+
+
+@pytest.mark.parametrize("flow", [True, False], ids=["full", "lean"])
+async def test_results_sent_as_one_text_each_reach_their_own_job(
+    pool: asyncpg.Pool, flow: bool
+) -> None:
+    worker_id = uuid.uuid4()
+    (a, ta), (b, tb), (c, tc), (d, td), (e, te) = await _claim(pool, worker_id, 5)
+    # A separator inside a string value is escaped by the encoder, never raw.
+    tricky = encode_result({"s": "a\x1eb", "t": ""})
+    assert "\x1e" not in tricky
+    await _round(
+        pool, worker_id, [(a, ta, "succeeded", None, None, None, None),
+                          (b, tb, "succeeded", None, None, None, tricky),
+                          (c, tc, "remove", None, None, None, '"kept"'),
+                          (d, td, "remove", None, None, None, None),
+                          (e, te, "succeeded", None, None, None, "[]")], flow=flow,
+    )  # fmt: skip
+    assert await _states(pool, [a, b, c, e]) == [
+        ("succeeded", None, None, False, True),
+        ("succeeded", None, tricky, False, True),
+        # A job with a result to keep is not removed.
+        ("succeeded", None, '"kept"', False, True),
+        ("succeeded", None, "[]", False, True),
+    ]
+    assert await pool.fetchval("SELECT count(*) FROM pgfleet.jobs WHERE id = $1", d) == 0
+    value = await pool.fetchval("SELECT result_json FROM pgfleet.jobs WHERE id = $1", b)
+    assert json.loads(value) == {"s": "a\x1eb", "t": ""}
+
+
+async def test_a_result_holding_the_separator_raw_is_refused_before_the_round(
+    pool: asyncpg.Pool,
+) -> None:
+    worker_id = uuid.uuid4()
+    (a, ta), (b, tb) = await _claim(pool, worker_id, 2)
+    with pytest.raises(ValueError, match="U\\+001E"):
+        await _round(
+            pool, worker_id, [(a, ta, "succeeded", None, None, None, '"x\x1ey"'),
+                              (b, tb, "succeeded", None, None, None, "1")],
+        )  # fmt: skip
+    # Nothing was written: both jobs still run under their claim.
+    statuses = await pool.fetch("SELECT status::text FROM pgfleet.jobs WHERE id = ANY($1)", [a, b])
+    assert [r["status"] for r in statuses] == ["running", "running"]

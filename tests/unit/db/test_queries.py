@@ -63,7 +63,7 @@ def test_both_claim_statements_share_the_completion_text() -> None:
     text = (PACKAGE / "db" / "queries.sql").read_text()
     for marker in (
         "), done AS (",
-        "USING unnest($1::uuid[], $2::uuid[], $3::text[], $13",
+        "USING unnest($1::uuid[], $2::uuid[], $3::text[], string_to_array($13",
         "), tell AS (",
         "FROM finished d CROSS JOIN",
     ):
