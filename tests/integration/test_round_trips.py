@@ -98,10 +98,10 @@ async def _claim_plan(conn: asyncpg.Connection, query: Any = None) -> dict[str, 
     name = "claim_lean" if query is Q.job_complete_and_claim_lean else "claim"
     await conn.execute(
         f"PREPARE {name}(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, int, "
-        "uuid[], float8[], text[]) AS " + (query or Q.job_complete_and_claim).sql
+        "uuid[], float8[], text) AS " + (query or Q.job_complete_and_claim).sql
     )
     args = (
-        "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16, 4, '{}', '{}', '{}'"
+        "'{}', '{}', '{}', '{}', '{}', gen_random_uuid(), '{noop}', NULL, 16, 4, '{}', '{}', NULL"
     )
     for _ in range(5):
         await conn.execute(f"BEGIN; EXECUTE {name}({args}); ROLLBACK")
@@ -266,11 +266,11 @@ async def test_a_round_that_marks_nothing_scans_nothing_to_mark(database: str) -
         )
         await conn.execute(
             "PREPARE claim(uuid[], uuid[], text[], float8[], text[], uuid, text[], text[], int, "
-            "int, uuid[], float8[], text[]) AS " + Q.job_complete_and_claim.sql
+            "int, uuid[], float8[], text) AS " + Q.job_complete_and_claim.sql
         )
 
         async def scans_to_mark(marks: str) -> int:
-            args = f"'{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{worker}', '{{noop}}', NULL, 0, 0, {marks}, '{{}}', '{{}}'"
+            args = f"'{{}}', '{{}}', '{{}}', '{{}}', '{{}}', '{worker}', '{{noop}}', NULL, 0, 0, {marks}, '{{}}', NULL"
             transaction = conn.transaction()
             await transaction.start()
             try:  # ANALYZE runs the updates: roll them back

@@ -363,7 +363,7 @@ async def _explain_round(dsn: str, limit: int, action: str = "succeeded") -> str
                 limit,
                 [],
                 [None] * len(ids),
-                [None] * len(ids),
+                None,  # no results: the round's results go as one text
             )
 
         tr = conn.transaction()
