@@ -145,6 +145,17 @@ async def _child(
     return results
 
 
+def _install_loop(name: str) -> None:
+    """The child's loop. Not tools.bench.suite's install_loop: the child runs this
+    file on the other checkout's path, whose tools may predate it."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            return
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dsn", default="postgresql://postgres@127.0.0.1:5432/postgres")
@@ -170,8 +181,16 @@ def main() -> None:
         help="text: one incompressible string; records: rows of small objects",
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the children's event loop: uvloop (as `pgfleet worker` runs; asyncio's own "
+        "where a checkout's venv lacks it) or asyncio's own",
+    )
     args = parser.parse_args()
     if args.child:
+        _install_loop(args.loop)
         result = asyncio.run(
             _child(
                 args.dsn,
@@ -211,6 +230,8 @@ def main() -> None:
                     str(args.result_bytes),
                     "--result-shape",
                     args.result_shape,
+                    "--loop",
+                    args.loop,
                     *(["--only-results"] if args.only_results else []),
                 ],
                 cwd=tree,

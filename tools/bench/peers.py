@@ -1083,6 +1083,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 "load_average": loads,
                 "machine": {
                     "python": sys.version.split()[0],
+                    "event_loop": args.loop,
                     "platform": platform.platform(),
                     "cpus": os.cpu_count(),
                 },
@@ -1189,6 +1190,7 @@ def cli(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", dest="json_path")
+    fb.add_loop_argument(parser)
     args = parser.parse_args(argv)
     if not args.dsn:
         parser.error("--dsn (or PGFLEET_BENCH_DSN) is required")
@@ -1197,6 +1199,7 @@ def cli(argv: list[str] | None = None) -> None:
         args.phases = selection(args.phases, PHASES, _PHASE_GROUPS)
     except ValueError as exc:
         parser.error(str(exc))
+    args.loop = fb.install_loop(args.loop)
     result = asyncio.run(main(args))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:

@@ -574,9 +574,11 @@ def cli(argv: list[str] | None = None) -> None:
     parser.add_argument("--explain-limit", type=int, default=1024)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--json", type=Path)
+    fb.add_loop_argument(parser)
     args = parser.parse_args(argv)
     if not args.dsn:
         parser.error("--dsn (or PGFLEET_BENCH_DSN) is required")
+    fb.install_loop(args.loop)
     out = asyncio.run(run(args))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2, default=str))

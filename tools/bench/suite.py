@@ -884,6 +884,7 @@ SUITE_FUNCTIONS: dict[str, Callable[[Bench, str], Awaitable[None]]] = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_loop_argument(parser)
     parser.add_argument(
         "--dsn",
         default=os.environ.get("PGFLEET_DATABASE_URL"),
@@ -916,6 +917,7 @@ def main(args: argparse.Namespace) -> None:
         )
     if args.repeats < 1 or args.scale <= 0:
         raise SystemExit("pgfleet bench: --repeats must be >= 1 and --scale > 0")
+    install_loop(args.loop)
     report = asyncio.run(run(args))
     if args.json_path:
         with open(args.json_path, "w", encoding="utf-8") as fh:
@@ -944,11 +946,42 @@ def child_env(dsn: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, _CHILD_DSN: dsn, **(extra or {})}
 
 
-def _install_uvloop() -> None:
-    with contextlib.suppress(ImportError):
-        import uvloop
+#: The event loops a benchmark's Python side can run on (``--loop``).
+LOOPS = ("uvloop", "asyncio")
 
+
+def add_loop_argument(parser: argparse.ArgumentParser) -> None:
+    """``--loop``: uvloop by default, as ``pgfleet worker`` runs (the benchmark
+    children always did); ``asyncio`` for an application's own loop."""
+    parser.add_argument(
+        "--loop",
+        choices=LOOPS,
+        default="uvloop",
+        help="the event loop of the in-process workers and Python peers: uvloop (the "
+        "default, as `pgfleet worker` runs; asyncio's own when uvloop is not installed) "
+        "or asyncio's own, as an application that embeds the Worker may run",
+    )
+
+
+def install_loop(name: str) -> str:
+    """Run the next ``asyncio.run`` on ``name``'s loop; returns the loop in use."""
+    if name == "uvloop":
+        try:
+            import uvloop
+        except ImportError:
+            print("uvloop is not installed: running on asyncio's own loop", file=sys.stderr)
+            asyncio.set_event_loop_policy(None)
+            return "asyncio"
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+        return "uvloop"
+    if name != "asyncio":
+        raise ValueError(f"unknown event loop {name!r}: one of {', '.join(LOOPS)}")
+    asyncio.set_event_loop_policy(None)
+    return "asyncio"
+
+
+def _install_uvloop() -> None:
+    install_loop("uvloop")
 
 
 def _child_main(argv: list[str]) -> None:
