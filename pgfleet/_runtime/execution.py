@@ -320,7 +320,7 @@ class JobRunner:
             entry = held.popleft()
             self._held_since[entry[0].id] = entry[1]
             self._start((entry[0],))
-            if held:
+            if held and len(self.running) < self._concurrency:
                 self._refill()  # more slots free (a cancel, a shrunk hold): rare
 
     async def drain(self, grace: float) -> None:

@@ -1079,11 +1079,31 @@ ROLLBACK;
 -- name: job_next_due :val
 -- Seconds until the next scheduled job this worker serves is due (NULL: none):
 -- an idle claim loop sleeps until then instead of a whole poll interval, so
--- delayed jobs, retries and snoozes start on time. Asked only when the loop goes
--- idle; it reads the runnable index, whose due rows an idle worker has claimed.
-SELECT extract(epoch FROM min(run_at) - now())::float8 FROM pgfleet.jobs
-WHERE status = 'queued' AND run_at > now() AND name = ANY($1::text[])
-  AND ($2::text[] IS NULL OR queue_name = ANY($2::text[]));
+-- delayed jobs, retries and snoozes start on time. Asked each time the loop goes
+-- idle, which a worker also does beside a backlog it may not take (waiting on a
+-- limit or a pause, or of names it does not serve): so the runnable index is read
+-- from now on, one priority at a time (its distinct priorities found by a descent
+-- each), never across the due jobs at its head.
+WITH RECURSIVE priorities AS (
+    (SELECT j.priority FROM pgfleet.jobs j WHERE j.status = 'queued'
+     ORDER BY j.priority LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.priority FROM pgfleet.jobs j
+            WHERE j.status = 'queued' AND j.priority > p.priority
+            ORDER BY j.priority LIMIT 1)
+    FROM priorities p WHERE p.priority IS NOT NULL
+)
+SELECT extract(epoch FROM min(n.run_at) - now())::float8
+FROM priorities p
+CROSS JOIN LATERAL (
+    SELECT j.run_at FROM pgfleet.jobs j
+    WHERE j.status = 'queued' AND j.priority = p.priority AND j.run_at > now()
+      AND j.name = ANY($1::text[])
+      AND ($2::text[] IS NULL OR j.queue_name = ANY($2::text[]))
+    ORDER BY j.run_at
+    LIMIT 1
+) n
+WHERE p.priority IS NOT NULL;
 
 -- name: job_release_unknown :val
 -- After a lost connection the claim loop cannot tell whether its last claim
