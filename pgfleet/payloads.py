@@ -72,7 +72,42 @@ def _make_encoder() -> Callable[[Any], str]:
     return encode
 
 
-_encode = _make_encoder()
+_stdlib_encode = _make_encoder()
+
+
+def _make_fast_encoder() -> Callable[[Any], str] | None:
+    # orjson, when installed (the service extra brings it), for the values it
+    # encodes as the standard library does: JSON's own types with string keys. It
+    # refuses whatever else it meets (datetimes, dataclasses, subclasses, other
+    # keys, integers over 64 bits, lone surrogates, nesting over 254 levels), and
+    # the standard encoder then takes the whole value, so the JSON and every error
+    # stay the same (a float may be spelled differently: 1e-7 for 1e-07). It writes
+    # NaN and the infinities as null where the standard encoder refuses them, so a
+    # text with a null in it is encoded again by the standard encoder.
+    try:
+        import orjson
+    except ImportError:
+        return None
+    dumps = orjson.dumps
+    options = (
+        orjson.OPT_PASSTHROUGH_DATACLASS
+        | orjson.OPT_PASSTHROUGH_DATETIME
+        | orjson.OPT_PASSTHROUGH_SUBCLASS
+    )
+
+    def encode(value: Any) -> str:
+        try:
+            data = dumps(value, option=options)
+        except TypeError:  # orjson.JSONEncodeError is one
+            return _stdlib_encode(value)
+        if b"null" in data:  # NaN or an infinity, or a None
+            return _stdlib_encode(value)
+        return data.decode()
+
+    return encode
+
+
+_encode = _make_fast_encoder() or _stdlib_encode
 
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
