@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -81,9 +82,21 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--database", default="pgfleet_flow_ab")
+    parser.add_argument(
+        "--loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the event loop of the drains (uvloop, as `pgfleet worker` runs, when installed)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
+        if args.loop == "uvloop":
+            # Not tools.bench.suite's install_loop: the old checkout's may predate it.
+            with contextlib.suppress(ImportError):
+                import uvloop
+
+                asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
         print(json.dumps(asyncio.run(_child(args.dsn, args.database, args.jobs))))
         return
     sides = ("old", "new") if args.old is not None else ("new",)
@@ -103,6 +116,8 @@ def main() -> None:
                     f"{args.database}_{side}",
                     "--jobs",
                     str(args.jobs),
+                    "--loop",
+                    args.loop,
                 ],
                 cwd=tree,
                 env={**os.environ, "PYTHONPATH": str(tree)},
